@@ -1,0 +1,583 @@
+//! Configuration: built-in defaults < TOML file < `SLUICE_` environment (SPEC O1, section 9).
+//!
+//! Every key of SPEC section 9 exists here with that name. Keys that end in a unit say it
+//! (`_bytes`, `_seconds`). Unknown keys are errors that name their dotted path.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::dialect::Dialect;
+
+/// Where the proxy listens by default: loopback, so a sidecar is not reachable from outside the pod
+/// unless the operator says so.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// Admin listener (health and metrics). 9464 is the port Prometheus exporters conventionally use.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
+/// 64 MiB: above Anthropic's 32 MB request limit, so every request a provider accepts fits.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 64 * 1024 * 1024;
+/// A TCP + TLS handshake to a provider takes well under a second; 10 s means it is down.
+pub const DEFAULT_CONNECT_TIMEOUT_SECONDS: f64 = 10.0;
+/// Non-streamed completions send their headers only when the whole answer is ready. The official
+/// SDKs wait 600 s by default, so sluice must not give up earlier than its clients do.
+pub const DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS: f64 = 600.0;
+/// Between two chunks of a stream. Providers send keep-alive events far more often than this;
+/// five minutes of silence means the stream is dead.
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: f64 = 300.0;
+/// Idle upstream connections are kept this long for reuse (providers close theirs after ~90 s).
+pub const DEFAULT_POOL_IDLE_SECONDS: f64 = 60.0;
+/// On SIGTERM, in-flight streams get this long to finish. Kubernetes' default grace period is 30 s;
+/// the manifests set `terminationGracePeriodSeconds` a little above this.
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: f64 = 25.0;
+/// One week: an agent session idle for longer is over.
+pub const DEFAULT_IDLE_TTL_SECONDS: u64 = 604_800;
+/// SPEC T1 budgets, from the unified model exit.
+pub const DEFAULT_MAX_LINES: usize = 2000;
+pub const DEFAULT_MAX_UNITS: usize = 30_000;
+/// SPEC section 9 defaults: Anthropic's documented image limits (the stricter provider).
+pub const DEFAULT_MAX_IMAGES: usize = 20;
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 30 * 1024 * 1024;
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
+pub const DEFAULT_MAX_DIMENSION: u32 = 8000;
+pub const DEFAULT_RECENT_COUNT: usize = 3;
+pub const DEFAULT_PRUNE_BATCH: usize = 2;
+
+/// Environment variables that belong to the process, not to the config tree.
+const ENV_NOT_CONFIG: &[&str] = &["config", "log", "log_format"];
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: String,
+    pub admin_listen: String,
+    pub max_body_bytes: u64,
+    pub drain_timeout_seconds: f64,
+    pub upstream: UpstreamConfig,
+    pub store: StoreConfig,
+    pub session: SessionConfig,
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    pub connect_timeout_seconds: f64,
+    pub first_byte_timeout_seconds: f64,
+    pub idle_timeout_seconds: f64,
+    pub pool_idle_timeout_seconds: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    Embedded,
+    Redis,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub backend: StoreBackend,
+    pub data_dir: PathBuf,
+    pub redis_url: String,
+    pub idle_ttl_seconds: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    pub header: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Modality {
+    Text,
+    Image,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifetime {
+    Once,
+    Recent,
+    Retain,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    pub name: String,
+    pub dialects: Vec<Dialect>,
+    pub models: Vec<String>,
+    pub upstream: String,
+    pub api_key_env: String,
+    pub input_modalities: Vec<Modality>,
+    pub read_tool: String,
+    pub exit: ExitConfig,
+    pub images: ImagesConfig,
+    pub tool_lifetimes: BTreeMap<String, Lifetime>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExitConfig {
+    pub max_lines: usize,
+    pub max_units: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    pub max_images: usize,
+    pub max_total_bytes: u64,
+    pub max_image_bytes: u64,
+    pub max_dimension: u32,
+    pub recent_count: usize,
+    pub prune_batch: usize,
+    pub default_lifetime: Lifetime,
+    pub downscale: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.into(),
+            admin_listen: DEFAULT_ADMIN_LISTEN.into(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+            upstream: UpstreamConfig::default(),
+            store: StoreConfig::default(),
+            session: SessionConfig::default(),
+            routes: default_routes(),
+        }
+    }
+}
+
+/// With no routes configured: OpenAI's two dialects to OpenAI, Anthropic's to Anthropic (SPEC O1).
+fn default_routes() -> Vec<RouteConfig> {
+    vec![
+        RouteConfig {
+            name: "openai".into(),
+            dialects: vec![Dialect::OpenAiChat, Dialect::OpenAiResponses],
+            upstream: "https://api.openai.com".into(),
+            ..RouteConfig::default()
+        },
+        RouteConfig {
+            name: "anthropic".into(),
+            dialects: vec![Dialect::AnthropicMessages],
+            upstream: "https://api.anthropic.com".into(),
+            ..RouteConfig::default()
+        },
+    ]
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_seconds: DEFAULT_CONNECT_TIMEOUT_SECONDS,
+            first_byte_timeout_seconds: DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
+            idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
+            pool_idle_timeout_seconds: DEFAULT_POOL_IDLE_SECONDS,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::Embedded,
+            data_dir: PathBuf::from("./sluice-data"),
+            redis_url: "redis://127.0.0.1:6379/0".into(),
+            idle_ttl_seconds: DEFAULT_IDLE_TTL_SECONDS,
+        }
+    }
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            header: "x-sluice-session".into(),
+        }
+    }
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            dialects: Vec::new(),
+            models: vec!["*".into()],
+            upstream: String::new(),
+            api_key_env: String::new(),
+            input_modalities: vec![Modality::Text, Modality::Image],
+            read_tool: "sluice_read".into(),
+            exit: ExitConfig::default(),
+            images: ImagesConfig::default(),
+            tool_lifetimes: BTreeMap::from([("*screenshot*".to_string(), Lifetime::Recent)]),
+        }
+    }
+}
+
+impl Default for ExitConfig {
+    fn default() -> Self {
+        Self {
+            max_lines: DEFAULT_MAX_LINES,
+            max_units: DEFAULT_MAX_UNITS,
+        }
+    }
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        Self {
+            max_images: DEFAULT_MAX_IMAGES,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
+            max_image_bytes: DEFAULT_MAX_IMAGE_BYTES,
+            max_dimension: DEFAULT_MAX_DIMENSION,
+            recent_count: DEFAULT_RECENT_COUNT,
+            prune_batch: DEFAULT_PRUNE_BATCH,
+            default_lifetime: Lifetime::Once,
+            downscale: false,
+        }
+    }
+}
+
+/// A configuration error, always naming the dotted key path it is about.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn at(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `path` (if any), then `SLUICE_*` variables of the process
+    /// environment (`__` separates levels), and validates the result.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = path {
+            if !path.is_file() {
+                return Err(ConfigError::at(
+                    "config",
+                    format!("file {} does not exist or is not a file", path.display()),
+                ));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(Env::prefixed("SLUICE_").ignore(ENV_NOT_CONFIG).split("__"));
+        let config: Config = figment.extract().map_err(figment_error)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        parse_addr("listen", &self.listen)?;
+        parse_addr("admin_listen", &self.admin_listen)?;
+        if self.max_body_bytes == 0 {
+            return Err(ConfigError::at("max_body_bytes", "must be above 0"));
+        }
+        positive_seconds("drain_timeout_seconds", self.drain_timeout_seconds)?;
+        let up = &self.upstream;
+        positive_seconds(
+            "upstream.connect_timeout_seconds",
+            up.connect_timeout_seconds,
+        )?;
+        positive_seconds(
+            "upstream.first_byte_timeout_seconds",
+            up.first_byte_timeout_seconds,
+        )?;
+        positive_seconds("upstream.idle_timeout_seconds", up.idle_timeout_seconds)?;
+        positive_seconds(
+            "upstream.pool_idle_timeout_seconds",
+            up.pool_idle_timeout_seconds,
+        )?;
+        if self.store.backend == StoreBackend::Redis && !self.store.redis_url.starts_with("redis") {
+            return Err(ConfigError::at(
+                "store.redis_url",
+                "must be a redis:// or rediss:// URL",
+            ));
+        }
+        if self.store.idle_ttl_seconds == 0 {
+            return Err(ConfigError::at("store.idle_ttl_seconds", "must be above 0"));
+        }
+        if http::HeaderName::from_bytes(self.session.header.as_bytes()).is_err() {
+            return Err(ConfigError::at(
+                "session.header",
+                "is not a valid HTTP header name",
+            ));
+        }
+        if self.routes.is_empty() {
+            return Err(ConfigError::at("routes", "at least one route is needed"));
+        }
+        for (i, route) in self.routes.iter().enumerate() {
+            route.validate(&format!("routes.{i}"))?;
+            if self.routes[..i].iter().any(|r| r.name == route.name) {
+                return Err(ConfigError::at(
+                    format!("routes.{i}.name"),
+                    format!("route name {:?} is used twice", route.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_addr("listen", &self.listen)
+    }
+
+    pub fn admin_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_addr("admin_listen", &self.admin_listen)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.drain_timeout_seconds)
+    }
+
+    /// The effective configuration as TOML with secrets redacted (`check-config`, SPEC O1).
+    pub fn redacted_toml(&self) -> String {
+        let mut shown = self.clone();
+        shown.store.redis_url = redact_url(&shown.store.redis_url);
+        let mut out = toml::to_string_pretty(&shown)
+            .unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"));
+        for route in &self.routes {
+            if !route.api_key_env.is_empty() {
+                let state = if std::env::var_os(&route.api_key_env).is_some() {
+                    "set"
+                } else {
+                    "NOT SET"
+                };
+                out.push_str(&format!(
+                    "# route {:?}: api_key_env {} is {state} (value not shown)\n",
+                    route.name, route.api_key_env
+                ));
+            }
+        }
+        out
+    }
+}
+
+impl RouteConfig {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(ConfigError::at(format!("{at}.name"), "is required"));
+        }
+        if self.dialects.is_empty() {
+            return Err(ConfigError::at(
+                format!("{at}.dialects"),
+                "name at least one of openai-chat, openai-responses, anthropic-messages",
+            ));
+        }
+        if self.models.is_empty() {
+            return Err(ConfigError::at(
+                format!("{at}.models"),
+                "name at least one model glob (\"*\" for all)",
+            ));
+        }
+        for (j, glob) in self.models.iter().enumerate() {
+            globset::Glob::new(glob)
+                .map_err(|e| ConfigError::at(format!("{at}.models.{j}"), e.kind().to_string()))?;
+        }
+        let url = reqwest::Url::parse(&self.upstream).map_err(|e| {
+            ConfigError::at(
+                format!("{at}.upstream"),
+                format!("{e} (want a base URL such as https://api.openai.com)"),
+            )
+        })?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(ConfigError::at(
+                format!("{at}.upstream"),
+                "must be an http:// or https:// base URL",
+            ));
+        }
+        if !self.api_key_env.is_empty() && std::env::var_os(&self.api_key_env).is_none() {
+            return Err(ConfigError::at(
+                format!("{at}.api_key_env"),
+                format!("environment variable {} is not set", self.api_key_env),
+            ));
+        }
+        if self.read_tool.is_empty() {
+            return Err(ConfigError::at(format!("{at}.read_tool"), "is required"));
+        }
+        if self.exit.max_lines < 2 {
+            return Err(ConfigError::at(
+                format!("{at}.exit.max_lines"),
+                "must be at least 2 (one line of text and the notice)",
+            ));
+        }
+        if self.exit.max_units < 256 {
+            return Err(ConfigError::at(
+                format!("{at}.exit.max_units"),
+                "must be at least 256 (room for the notice)",
+            ));
+        }
+        if self.images.prune_batch == 0 {
+            return Err(ConfigError::at(
+                format!("{at}.images.prune_batch"),
+                "must be at least 1",
+            ));
+        }
+        for glob in self.tool_lifetimes.keys() {
+            globset::Glob::new(glob).map_err(|e| {
+                ConfigError::at(format!("{at}.tool_lifetimes.{glob}"), e.kind().to_string())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn figment_error(err: figment::Error) -> ConfigError {
+    let key = if err.path.is_empty() {
+        "config".to_string()
+    } else {
+        err.path.join(".")
+    };
+    let message = match &err.kind {
+        figment::error::Kind::UnknownField(field, _) => {
+            let key = if err.path.last() == Some(field) {
+                key.clone()
+            } else {
+                format!("{key}.{field}")
+            };
+            return ConfigError::at(key, "unknown key");
+        }
+        other => other.to_string(),
+    };
+    ConfigError::at(key, message)
+}
+
+fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|_| {
+        ConfigError::at(
+            key,
+            format!("{value:?} is not an address like 127.0.0.1:8787"),
+        )
+    })
+}
+
+fn positive_seconds(key: &str, value: f64) -> Result<(), ConfigError> {
+    if value.is_finite() && value > 0.0 && value < 1e9 {
+        Ok(())
+    } else {
+        Err(ConfigError::at(key, "must be a positive number of seconds"))
+    }
+}
+
+/// `redis://user:secret@host/0` → `redis://user:***@host/0`.
+fn redact_url(raw: &str) -> String {
+    match reqwest::Url::parse(raw) {
+        Ok(mut url) if url.password().is_some() => {
+            let _ = url.set_password(Some("***"));
+            url.to_string()
+        }
+        Ok(url) => url.to_string(),
+        Err(_) => "***".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Loads `toml` as the config file under the environment `env`, in a figment jail (which
+    /// serialises tests that touch the process environment).
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut out = None;
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("sluice.toml", toml)?;
+            for (k, v) in env {
+                jail.set_env(k, v);
+            }
+            out = Some(Config::load(Some(Path::new("sluice.toml"))));
+            Ok(())
+        });
+        out.unwrap_or_else(|| Err(ConfigError::at("test", "jail did not run")))
+    }
+
+    #[test]
+    fn defaults_route_each_provider() {
+        let c = load("", &[]).unwrap();
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[0].upstream, "https://api.openai.com");
+        assert_eq!(c.routes[1].dialects, vec![Dialect::AnthropicMessages]);
+        assert_eq!(c.routes[0].exit.max_units, 30_000);
+    }
+
+    #[test]
+    fn misspelled_key_is_named_by_dotted_path() {
+        let err = load(
+            "[[routes]]\nname='a'\ndialects=['openai-chat']\nupstream='http://x'\n[routes.exit]\nmax_line=3\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "routes.0.exit.max_line", "{err}");
+        let err = load("listn = '1.2.3.4:1'\n", &[]).unwrap_err();
+        assert_eq!(err.key, "listn", "{err}");
+    }
+
+    #[test]
+    fn env_overrides_file_with_double_underscore() {
+        let c = load(
+            "listen = '127.0.0.1:1'\n",
+            &[
+                ("SLUICE_LISTEN", "127.0.0.1:2"),
+                ("SLUICE_STORE__BACKEND", "redis"),
+                ("SLUICE_MAX_BODY_BYTES", "1024"),
+                ("SLUICE_CONFIG", "/ignored"),
+                ("OTHER", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:2");
+        assert_eq!(c.store.backend, StoreBackend::Redis);
+        assert_eq!(c.max_body_bytes, 1024);
+    }
+
+    #[test]
+    fn unknown_env_key_is_an_error() {
+        let err = load("", &[("SLUICE_STORE__BAKEND", "redis")]).unwrap_err();
+        assert_eq!(err.key, "store.bakend", "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = load(
+            "[[routes]]\nname='a'\ndialects=['openai-chat']\nupstream='nope'\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "routes.0.upstream");
+        let err = load(
+            "[[routes]]\nname='a'\ndialects=['openai-chatt']\nupstream='http://x'\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.key.starts_with("routes.0.dialects"), "{err}");
+        let err = load("[upstream]\nidle_timeout_seconds = -1\n", &[]).unwrap_err();
+        assert_eq!(err.key, "upstream.idle_timeout_seconds");
+    }
+
+    #[test]
+    fn redaction_hides_redis_password() {
+        let mut c = Config::default();
+        c.store.redis_url = "redis://u:hunter2@h:6379/0".into();
+        let shown = c.redacted_toml();
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("***"));
+    }
+}

@@ -1,0 +1,221 @@
+//! The three wire APIs: which paths they own, how their errors look, and how a request body is
+//! read into the [`RequestView`](crate::projection::RequestView). Nothing outside this folder
+//! knows a provider's JSON shapes.
+
+mod anthropic;
+mod openai_chat;
+mod openai_responses;
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::projection::{RequestView, Span};
+
+/// A provider wire API (SPEC section 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dialect {
+    #[serde(rename = "openai-chat")]
+    OpenAiChat,
+    #[serde(rename = "openai-responses")]
+    OpenAiResponses,
+    #[serde(rename = "anthropic-messages")]
+    AnthropicMessages,
+}
+
+/// Which provider's conventions (error shape, credential header) apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    OpenAi,
+    Anthropic,
+}
+
+impl Dialect {
+    pub const ALL: [Dialect; 3] = [
+        Dialect::OpenAiChat,
+        Dialect::OpenAiResponses,
+        Dialect::AnthropicMessages,
+    ];
+
+    /// The dialect whose projected endpoint `path` is (SPEC section 9), if any.
+    pub fn from_path(path: &str) -> Option<Dialect> {
+        match path {
+            "/v1/chat/completions" => Some(Dialect::OpenAiChat),
+            "/v1/responses" => Some(Dialect::OpenAiResponses),
+            "/v1/messages" | "/v1/messages/count_tokens" => Some(Dialect::AnthropicMessages),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::OpenAiChat => "openai-chat",
+            Dialect::OpenAiResponses => "openai-responses",
+            Dialect::AnthropicMessages => "anthropic-messages",
+        }
+    }
+
+    pub fn family(self) -> Family {
+        match self {
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => Family::OpenAi,
+            Dialect::AnthropicMessages => Family::Anthropic,
+        }
+    }
+
+    /// Reads `body` into a view of what projection may edit. `Err` only for bytes that are not
+    /// JSON at all (P4: 400); JSON of an unexpected shape gives an empty view, so the request is
+    /// forwarded untouched and the provider answers it as it would without sluice.
+    pub fn read_view(self, body: &[u8]) -> Result<RequestView<'_>, serde_json::Error> {
+        let text = match std::str::from_utf8(body) {
+            Ok(text) => text,
+            Err(_) => {
+                // Let serde_json produce the error, with its position, for non-UTF-8 input.
+                serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
+                return Ok(RequestView::empty(self, body));
+            }
+        };
+        let parsed = match self {
+            Dialect::OpenAiChat => openai_chat::read(text),
+            Dialect::OpenAiResponses => openai_responses::read(text),
+            Dialect::AnthropicMessages => anthropic::read(text),
+        };
+        match parsed {
+            Ok(view) => Ok(view),
+            Err(e) if e.classify() == serde_json::error::Category::Data => {
+                // The shape was unexpected before the end was reached: the rest must still be
+                // JSON (and within the nesting limit) to be forwarded.
+                serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
+                Ok(RequestView::empty(self, body))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Family {
+    /// The family a non-projected `/v1/...` request belongs to (P5): Anthropic's paths and
+    /// headers say so; everything else is OpenAI-style.
+    pub fn of_request(path: &str, headers: &http::HeaderMap) -> Family {
+        if path.starts_with("/v1/messages")
+            || path == "/v1/complete"
+            || headers.contains_key("anthropic-version")
+            || headers.contains_key("x-api-key")
+        {
+            Family::Anthropic
+        } else {
+            Family::OpenAi
+        }
+    }
+
+    /// An error body in the family's own shape (P4). `kind` is the provider's error type name.
+    pub fn error_body(self, kind: &str, code: &str, message: &str) -> Bytes {
+        let value = match self {
+            Family::OpenAi => serde_json::json!({
+                "error": {"message": message, "type": kind, "param": null, "code": code}
+            }),
+            Family::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": {"type": kind, "message": message}
+            }),
+        };
+        Bytes::from(value.to_string())
+    }
+}
+
+/// The byte span of `raw` inside `whole`. `raw` must have been borrowed from `whole` by
+/// serde_json; both are the same allocation, so the difference of their addresses is the offset.
+pub(crate) fn span_of(whole: &str, raw: &RawValue) -> Span {
+    let start = raw.get().as_ptr() as usize - whole.as_ptr() as usize;
+    Span {
+        start,
+        end: start + raw.get().len(),
+    }
+}
+
+/// `true` for the JSON literal `true`.
+pub(crate) fn is_true(raw: Option<&RawValue>) -> bool {
+    raw.is_some_and(|r| r.get() == "true")
+}
+
+/// A string field that may be absent; borrowed when it has no escapes.
+pub(crate) type Text<'a> = Option<Cow<'a, str>>;
+
+/// Parses an array value into its elements' raw values; `None` if it is not an array.
+pub(crate) fn elements(raw: &RawValue) -> Option<Vec<&RawValue>> {
+    if !raw.get().starts_with('[') {
+        return None;
+    }
+    serde_json::from_str(raw.get()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_dialects() {
+        assert_eq!(
+            Dialect::from_path("/v1/chat/completions"),
+            Some(Dialect::OpenAiChat)
+        );
+        assert_eq!(
+            Dialect::from_path("/v1/messages/count_tokens"),
+            Some(Dialect::AnthropicMessages)
+        );
+        assert_eq!(Dialect::from_path("/v1/models"), None);
+    }
+
+    #[test]
+    fn error_bodies_have_each_family_shape() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&Family::OpenAi.error_body("invalid_request_error", "x", "m"))
+                .unwrap();
+        assert_eq!(v["error"]["message"], "m");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let v: serde_json::Value = serde_json::from_slice(&Family::Anthropic.error_body(
+            "invalid_request_error",
+            "x",
+            "m",
+        ))
+        .unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["message"], "m");
+    }
+
+    #[test]
+    fn syntax_errors_fail_and_shape_errors_give_empty_views() {
+        for d in Dialect::ALL {
+            assert!(d.read_view(b"{\"model\": ").is_err());
+            assert!(d.read_view(b"\xff\xfe").is_err());
+            let view = d.read_view(b"[1,2,3]").unwrap();
+            assert!(view.tool_results.is_empty());
+            let view = d
+                .read_view(br#"{"model":"m","messages":7,"input":false}"#)
+                .unwrap();
+            assert_eq!(
+                view.model.as_deref(),
+                Some("m"),
+                "still routed by its model"
+            );
+            assert!(view.tool_results.is_empty());
+        }
+    }
+
+    #[test]
+    fn deep_nesting_neither_overflows_nor_panics() {
+        // 100,000 levels would overflow a recursive parser's stack (S5); serde_json skips
+        // unread values iteratively, so this returns, and the provider judges the request.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let inside = format!(
+            r#"{{"model":"m","messages":[{{"role":"tool","content":{deep}}}],"input":{deep}}}"#
+        );
+        for d in Dialect::ALL {
+            assert!(d
+                .read_view(deep.as_bytes())
+                .is_ok_and(|v| v.tool_results.is_empty()));
+            assert!(d.read_view(inside.as_bytes()).is_ok(), "{d:?}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! OpenAI Chat Completions (`POST /v1/chat/completions`): `tool` messages are tool results;
+//! `image_url` parts of `user` messages are user images.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{elements, is_true, span_of, Dialect, Text};
+use crate::projection::{RequestView, ToolResult, UserImage};
+
+#[derive(Deserialize)]
+struct Request<'a> {
+    #[serde(borrow)]
+    model: Text<'a>,
+    #[serde(borrow)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Vec<Message<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Text<'a>,
+    #[serde(borrow)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tool_call_id: Text<'a>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCall<'a> {
+    #[serde(borrow)]
+    id: Text<'a>,
+    #[serde(borrow)]
+    function: Option<Named<'a>>,
+    #[serde(borrow)]
+    custom: Option<Named<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Named<'a> {
+    #[serde(borrow)]
+    name: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Text<'a>,
+}
+
+pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
+    let request: Request = serde_json::from_str(body)?;
+    let mut names: HashMap<Cow<str>, Cow<str>> = HashMap::new();
+    let mut tool_results = Vec::new();
+    let mut user_images = Vec::new();
+    for (item, message) in request.messages.iter().enumerate() {
+        match message.role.as_deref() {
+            Some("assistant") => {
+                for call in message.tool_calls.iter().flatten() {
+                    let name = call.function.as_ref().or(call.custom.as_ref());
+                    if let (Some(id), Some(Some(name))) = (&call.id, name.map(|n| &n.name)) {
+                        names.insert(id.clone(), name.clone());
+                    }
+                }
+            }
+            Some("tool") => {
+                if let (Some(id), Some(content)) = (&message.tool_call_id, message.content) {
+                    tool_results.push(ToolResult {
+                        item,
+                        source: id.clone(),
+                        tool_name: names.get(id).cloned(),
+                        content,
+                        span: span_of(body, content),
+                    });
+                }
+            }
+            Some("user") => {
+                for part in message.content.and_then(elements).into_iter().flatten() {
+                    let Ok(p) = serde_json::from_str::<Part>(part.get()) else {
+                        continue;
+                    };
+                    if p.kind.as_deref() == Some("image_url") {
+                        user_images.push(UserImage {
+                            item,
+                            part,
+                            span: span_of(body, part),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(RequestView {
+        dialect: Dialect::OpenAiChat,
+        model: request.model,
+        stream: is_true(request.stream),
+        items: request.messages.len(),
+        tool_results,
+        user_images,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_tool_results_with_names_and_spans() {
+        let body = r#"{ "messages": [
+            {"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AA"}}]},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"out\nput"},
+            {"role":"tool","tool_call_id":"c2","content":[{"type":"text","text":"x"}]}
+        ], "model":"gpt-4o", "stream": true, "unknown": {"k": [1, 2.50]}}"#;
+        let view = read(body).unwrap();
+        assert_eq!(view.model.as_deref(), Some("gpt-4o"));
+        assert!(view.stream);
+        assert_eq!(view.items, 4);
+        assert_eq!(view.tool_results.len(), 2);
+        let r = &view.tool_results[0];
+        assert_eq!(
+            (r.item, &*r.source, r.tool_name.as_deref()),
+            (2, "c1", Some("bash"))
+        );
+        assert_eq!(&body[r.span.start..r.span.end], r#""out\nput""#);
+        assert_eq!(view.tool_results[1].tool_name, None);
+        assert_eq!(view.user_images.len(), 1);
+        let img = &view.user_images[0];
+        assert!(body[img.span.start..img.span.end].starts_with(r#"{"type":"image_url""#));
+    }
+}

@@ -1,0 +1,125 @@
+//! OpenAI Responses (`POST /v1/responses`): `function_call_output` items are tool results;
+//! `input_image` parts of user messages are user images. A string `input` holds neither.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{elements, is_true, span_of, Dialect, Text};
+use crate::projection::{RequestView, ToolResult, UserImage};
+
+#[derive(Deserialize)]
+struct Request<'a> {
+    #[serde(borrow)]
+    model: Text<'a>,
+    #[serde(borrow)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Text<'a>,
+    #[serde(borrow)]
+    role: Text<'a>,
+    #[serde(borrow)]
+    call_id: Text<'a>,
+    #[serde(borrow)]
+    name: Text<'a>,
+    #[serde(borrow)]
+    output: Option<&'a RawValue>,
+    #[serde(borrow)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Text<'a>,
+}
+
+pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
+    let request: Request = serde_json::from_str(body)?;
+    let items: Vec<Item> = match request.input {
+        Some(raw) if raw.get().starts_with('[') => serde_json::from_str(raw.get())?,
+        _ => Vec::new(),
+    };
+    let mut names: HashMap<Cow<str>, Cow<str>> = HashMap::new();
+    let mut tool_results = Vec::new();
+    let mut user_images = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        match (item.kind.as_deref(), item.role.as_deref()) {
+            (Some("function_call" | "custom_tool_call"), _) => {
+                if let (Some(id), Some(name)) = (&item.call_id, &item.name) {
+                    names.insert(id.clone(), name.clone());
+                }
+            }
+            (Some("function_call_output" | "custom_tool_call_output"), _) => {
+                if let (Some(id), Some(output)) = (&item.call_id, item.output) {
+                    tool_results.push(ToolResult {
+                        item: index,
+                        source: id.clone(),
+                        tool_name: names.get(id).cloned(),
+                        content: output,
+                        span: span_of(body, output),
+                    });
+                }
+            }
+            (None | Some("message"), Some("user")) => {
+                for part in item.content.and_then(elements).into_iter().flatten() {
+                    let Ok(p) = serde_json::from_str::<Part>(part.get()) else {
+                        continue;
+                    };
+                    if p.kind.as_deref() == Some("input_image") {
+                        user_images.push(UserImage {
+                            item: index,
+                            part,
+                            span: span_of(body, part),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(RequestView {
+        dialect: Dialect::OpenAiResponses,
+        model: request.model,
+        stream: is_true(request.stream),
+        items: items.len(),
+        tool_results,
+        user_images,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_function_call_outputs() {
+        let body = r#"{"model":"gpt-5","input":[
+            {"role":"user","content":[{"type":"input_text","text":"look"},{"type":"input_image","image_url":"https://x/y.png"}]},
+            {"type":"function_call","call_id":"f1","name":"screenshot","arguments":"{}"},
+            {"type":"function_call_output","call_id":"f1","output":[{"type":"input_text","text":"ok"}]}
+        ],"stream":false}"#;
+        let view = read(body).unwrap();
+        assert!(!view.stream);
+        assert_eq!(view.items, 3);
+        let r = &view.tool_results[0];
+        assert_eq!(r.tool_name.as_deref(), Some("screenshot"));
+        assert!(body[r.span.start..r.span.end].starts_with(r#"[{"type":"input_text""#));
+        assert_eq!(view.user_images.len(), 1);
+    }
+
+    #[test]
+    fn string_input_has_nothing_to_project() {
+        let view = read(r#"{"model":"gpt-5","input":"hello"}"#).unwrap();
+        assert_eq!(view.items, 0);
+        assert!(view.tool_results.is_empty());
+    }
+}

@@ -1,0 +1,112 @@
+//! sluice's own errors and the one place that turns each into a status and a dialect-shaped
+//! body (SPEC P4). The match is exhaustive, so a new variant must choose its status.
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::dialect::Family;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("request body is not valid JSON: {0}")]
+    BadJson(String),
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("could not read the request body")]
+    ClientBody,
+    #[error("no route for dialect {dialect} and model {model:?}")]
+    NoRoute {
+        dialect: &'static str,
+        model: String,
+    },
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
+    #[error("upstream is unreachable")]
+    UpstreamUnreachable,
+    #[error("upstream did not answer within {0}")]
+    UpstreamTimeout(&'static str),
+    #[error("internal error")]
+    Internal,
+}
+
+impl GatewayError {
+    /// Low-cardinality name for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GatewayError::BadJson(_) => "bad_json",
+            GatewayError::BodyTooLarge { .. } => "body_too_large",
+            GatewayError::ClientBody => "client_body",
+            GatewayError::NoRoute { .. } => "no_route",
+            GatewayError::NotFound(_) => "not_found",
+            GatewayError::UpstreamUnreachable => "upstream_unreachable",
+            GatewayError::UpstreamTimeout(_) => "upstream_timeout",
+            GatewayError::Internal => "internal",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadJson(_) | GatewayError::ClientBody => StatusCode::BAD_REQUEST,
+            GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::NoRoute { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The body in `family`'s error shape. Client errors say what was wrong; server errors say
+    /// little (the log has the rest).
+    pub fn body(&self, family: Family) -> Bytes {
+        let (openai_type, anthropic_type) = match self.status() {
+            StatusCode::BAD_REQUEST => ("invalid_request_error", "invalid_request_error"),
+            StatusCode::PAYLOAD_TOO_LARGE => ("invalid_request_error", "request_too_large"),
+            StatusCode::NOT_FOUND => ("not_found_error", "not_found_error"),
+            StatusCode::GATEWAY_TIMEOUT => ("timeout_error", "api_error"),
+            _ => ("api_error", "api_error"),
+        };
+        let kind = match family {
+            Family::OpenAi => openai_type,
+            Family::Anthropic => anthropic_type,
+        };
+        let message = format!("sluice: {self}");
+        family.error_body(kind, self.kind(), &message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_a_fitting_status_and_shape() {
+        let cases = [
+            (GatewayError::BadJson("x".into()), 400),
+            (GatewayError::BodyTooLarge { limit: 1 }, 413),
+            (GatewayError::ClientBody, 400),
+            (
+                GatewayError::NoRoute {
+                    dialect: "openai-chat",
+                    model: "m".into(),
+                },
+                404,
+            ),
+            (GatewayError::NotFound("/x".into()), 404),
+            (GatewayError::UpstreamUnreachable, 502),
+            (GatewayError::UpstreamTimeout("first byte"), 504),
+            (GatewayError::Internal, 500),
+        ];
+        for (err, status) in cases {
+            assert_eq!(err.status().as_u16(), status, "{err}");
+            let v: serde_json::Value = serde_json::from_slice(&err.body(Family::OpenAi)).unwrap();
+            assert_eq!(v["error"]["code"], err.kind());
+            let v: serde_json::Value =
+                serde_json::from_slice(&err.body(Family::Anthropic)).unwrap();
+            assert_eq!(v["type"], "error");
+            assert!(v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("sluice: "));
+        }
+    }
+}

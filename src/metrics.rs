@@ -1,0 +1,162 @@
+//! Every metric sluice exports, defined in one place (SPEC O2). Names carry the `sluice_` prefix
+//! and their unit; labels are low-cardinality (dialect, route name, status, outcome).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Buckets for time spent inside sluice: from 25 µs to 100 ms.
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1,
+];
+/// Buckets for whole requests and upstream waits: LLM calls take from milliseconds to minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// How a relayed response body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamOutcome {
+    /// The upstream body ended and every byte reached the client.
+    Completed,
+    /// The client went away before the end.
+    Cancelled,
+    /// The upstream failed or went silent mid-body.
+    UpstreamError,
+}
+
+impl StreamOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamOutcome::Completed => "completed",
+            StreamOutcome::Cancelled => "cancelled",
+            StreamOutcome::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by dialect, route and final status (counted when the response head is sent).
+    pub requests_total: IntCounterVec,
+    /// From the request's arrival to the end of its response body.
+    pub request_duration_seconds: HistogramVec,
+    /// From sending upstream to the upstream's first body byte.
+    pub upstream_duration_seconds: HistogramVec,
+    /// Time spent in sluice itself: reading, projecting and forwarding the request, and
+    /// preparing the response head; excludes the client upload and the upstream wait.
+    pub overhead_seconds: Histogram,
+    pub inflight_requests: IntGauge,
+    /// Relayed `text/event-stream` bodies by how they ended, recorded at the end.
+    pub streams_total: IntCounterVec,
+    /// sluice's own error responses by kind.
+    pub errors_total: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let requests_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_requests_total",
+                "Requests by dialect, route and status.",
+            ),
+            &["dialect", "route", "status"],
+        )?;
+        let request_duration_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_request_duration_seconds",
+                "Request arrival to end of response body.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["dialect"],
+        )?;
+        let upstream_duration_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_upstream_duration_seconds",
+                "Upstream request sent to its first body byte.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["dialect", "route"],
+        )?;
+        let overhead_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_overhead_seconds",
+                "Time spent in sluice itself per request (excludes upstream wait).",
+            )
+            .buckets(OVERHEAD_BUCKETS.to_vec()),
+        )?;
+        let inflight_requests = IntGauge::new(
+            "sluice_inflight_requests",
+            "Requests whose response has not ended.",
+        )?;
+        let streams_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_streams_total",
+                "Relayed event streams by how they ended.",
+            ),
+            &["dialect", "outcome"],
+        )?;
+        let errors_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_errors_total",
+                "sluice's own error responses by kind.",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(requests_total.clone()))?;
+        registry.register(Box::new(request_duration_seconds.clone()))?;
+        registry.register(Box::new(upstream_duration_seconds.clone()))?;
+        registry.register(Box::new(overhead_seconds.clone()))?;
+        registry.register(Box::new(inflight_requests.clone()))?;
+        registry.register(Box::new(streams_total.clone()))?;
+        registry.register(Box::new(errors_total.clone()))?;
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        Ok(Self {
+            registry,
+            requests_total,
+            request_duration_seconds,
+            upstream_duration_seconds,
+            overhead_seconds,
+            inflight_requests,
+            streams_total,
+            errors_total,
+        })
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8192);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_named_metrics() {
+        let m = Metrics::new().unwrap();
+        m.requests_total
+            .with_label_values(&["openai-chat", "r", "200"])
+            .inc();
+        m.streams_total
+            .with_label_values(&["openai-chat", StreamOutcome::Cancelled.as_str()])
+            .inc();
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text
+            .contains(r#"sluice_requests_total{dialect="openai-chat",route="r",status="200"} 1"#));
+        assert!(
+            text.contains(r#"sluice_streams_total{dialect="openai-chat",outcome="cancelled"} 1"#)
+        );
+        assert!(text.contains("sluice_inflight_requests 0"));
+    }
+}

@@ -1,0 +1,143 @@
+//! Routing: the first route whose dialects include the request's dialect and whose model globs
+//! match its model (SPEC section 9, "first match wins").
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use http::HeaderValue;
+
+use crate::config::{ConfigError, RouteConfig};
+use crate::dialect::{Dialect, Family};
+
+/// A configured route, compiled for matching and forwarding.
+pub struct Route {
+    pub config: RouteConfig,
+    models: GlobSet,
+    /// Base URL without a trailing slash; the request path is appended.
+    pub base: String,
+    /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
+    pub api_key: Option<HeaderValue>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("name", &self.config.name)
+            .field("base", &self.base)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+pub struct RouteTable {
+    routes: Vec<Route>,
+}
+
+impl RouteTable {
+    /// Compiles the routes; reads each `api_key_env` from the environment once, at startup.
+    pub fn new(configs: &[RouteConfig]) -> Result<Self, ConfigError> {
+        let mut routes = Vec::with_capacity(configs.len());
+        for (i, config) in configs.iter().enumerate() {
+            let mut set = GlobSetBuilder::new();
+            for (j, glob) in config.models.iter().enumerate() {
+                let glob = Glob::new(glob).map_err(|e| ConfigError {
+                    key: format!("routes.{i}.models.{j}"),
+                    message: e.kind().to_string(),
+                })?;
+                set.add(glob);
+            }
+            let models = set.build().map_err(|e| ConfigError {
+                key: format!("routes.{i}.models"),
+                message: e.to_string(),
+            })?;
+            let api_key = if config.api_key_env.is_empty() {
+                None
+            } else {
+                let key = std::env::var(&config.api_key_env).map_err(|_| ConfigError {
+                    key: format!("routes.{i}.api_key_env"),
+                    message: format!("environment variable {} is not set", config.api_key_env),
+                })?;
+                let mut value = HeaderValue::from_str(key.trim()).map_err(|_| ConfigError {
+                    key: format!("routes.{i}.api_key_env"),
+                    message: "the key is not a valid header value".into(),
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            };
+            routes.push(Route {
+                base: config.upstream.trim_end_matches('/').to_string(),
+                config: config.clone(),
+                models,
+                api_key,
+            });
+        }
+        Ok(Self { routes })
+    }
+
+    /// The route for a projected request. A request without a model matches as the empty name.
+    pub fn select(&self, dialect: Dialect, model: &str) -> Option<&Route> {
+        self.routes
+            .iter()
+            .find(|r| r.config.dialects.contains(&dialect) && r.models.is_match(model))
+    }
+
+    /// The route for a pass-through request (P5): the first that serves a dialect of `family`.
+    pub fn select_family(&self, family: Family) -> Option<&Route> {
+        self.routes
+            .iter()
+            .find(|r| r.config.dialects.iter().any(|d| d.family() == family))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(name: &str, dialects: &[Dialect], models: &[&str]) -> RouteConfig {
+        RouteConfig {
+            name: name.into(),
+            dialects: dialects.to_vec(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            upstream: format!("http://{name}.example/"),
+            ..RouteConfig::default()
+        }
+    }
+
+    #[test]
+    fn first_matching_route_wins() {
+        let table = RouteTable::new(&[
+            route("mini", &[Dialect::OpenAiChat], &["gpt-*-mini", "o?-mini"]),
+            route(
+                "openai",
+                &[Dialect::OpenAiChat, Dialect::OpenAiResponses],
+                &["*"],
+            ),
+            route("claude", &[Dialect::AnthropicMessages], &["claude-*"]),
+        ])
+        .unwrap();
+        let name = |d, m| table.select(d, m).map(|r| r.config.name.clone());
+        assert_eq!(
+            name(Dialect::OpenAiChat, "gpt-4o-mini").as_deref(),
+            Some("mini")
+        );
+        assert_eq!(
+            name(Dialect::OpenAiChat, "o3-mini").as_deref(),
+            Some("mini")
+        );
+        assert_eq!(
+            name(Dialect::OpenAiChat, "gpt-4o").as_deref(),
+            Some("openai")
+        );
+        assert_eq!(
+            name(Dialect::OpenAiResponses, "").as_deref(),
+            Some("openai")
+        );
+        assert_eq!(name(Dialect::AnthropicMessages, "gpt-4o"), None);
+        assert_eq!(
+            table.select(Dialect::OpenAiChat, "x").unwrap().base,
+            "http://openai.example"
+        );
+        assert_eq!(
+            table.select_family(Family::Anthropic).unwrap().config.name,
+            "claude"
+        );
+    }
+}

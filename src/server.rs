@@ -1,0 +1,514 @@
+//! Listeners, endpoint dispatch and graceful shutdown.
+//!
+//! The request path, once (STYLE 1):
+//! 1. [`App::handle`] gives the request an id (`x-sluice-request-id`, O3) and dispatches by path.
+//! 2. Projected endpoints ([`Dialect::from_path`]): the body is read under `max_body_bytes`
+//!    (413 while reading, never after buffering all of it), read once into a
+//!    [`RequestView`](crate::projection::RequestView) by its dialect (400 on bad JSON), routed by
+//!    dialect and model (404), projected into edits and spliced into the original bytes (P1, P2).
+//! 3. Every other `/v1/...` path is streamed to the family's first route unchanged (P5).
+//! 4. [`Upstream::send`] waits for the upstream's head and first chunk (502/504 on failure);
+//!    the status, headers and body then stream back through a bounded relay (P3), which records
+//!    the end of the body in the metrics.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::dialect::{Dialect, Family};
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::projection::{project, splice};
+use crate::route::RouteTable;
+use crate::upstream::{self, BoxError, Upstream};
+
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// Response header naming the request in sluice's logs (O3).
+pub const REQUEST_ID: &str = "x-sluice-request-id";
+/// Response header summarising the projection (O3, section 9).
+pub const PROJECTION: &str = "x-sluice-projection";
+/// A client must send its request head within this time (slow-loris guard).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot build the upstream client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// Everything a request handler needs, shared by all connections.
+pub struct App {
+    config: Config,
+    routes: RouteTable,
+    upstream: Upstream,
+    metrics: Arc<Metrics>,
+    tasks: TaskTracker,
+    draining: AtomicBool,
+}
+
+/// A bound, not yet running gateway.
+pub struct Server {
+    app: Arc<App>,
+    proxy: TcpListener,
+    admin: TcpListener,
+}
+
+impl Server {
+    pub async fn bind(config: Config) -> Result<Server, StartError> {
+        let proxy_addr = config.listen_addr()?;
+        let admin_addr = config.admin_addr()?;
+        let routes = RouteTable::new(&config.routes)?;
+        let upstream = Upstream::new(&config.upstream)?;
+        let metrics = Arc::new(Metrics::new()?);
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind { addr, source })
+        };
+        let proxy = bind(proxy_addr).await?;
+        let admin = bind(admin_addr).await?;
+        Ok(Server {
+            app: Arc::new(App {
+                config,
+                routes,
+                upstream,
+                metrics,
+                tasks: TaskTracker::new(),
+                draining: AtomicBool::new(false),
+            }),
+            proxy,
+            admin,
+        })
+    }
+
+    pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
+        self.proxy.local_addr()
+    }
+
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.app.metrics.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains (O4): stops accepting, reports not-ready,
+    /// lets in-flight requests and streams finish up to `drain_timeout_seconds`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let Server { app, proxy, admin } = self;
+        let graceful = GracefulShutdown::new();
+        let admin_graceful = GracefulShutdown::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = proxy.accept() => match accepted {
+                    Ok((stream, _)) => serve_connection(&app, &graceful, stream, Route::Proxy),
+                    Err(e) => accept_error(e).await,
+                },
+                accepted = admin.accept() => match accepted {
+                    Ok((stream, _)) => serve_connection(&app, &admin_graceful, stream, Route::Admin),
+                    Err(e) => accept_error(e).await,
+                },
+                () = &mut shutdown => break,
+            }
+        }
+        drop(proxy);
+        app.draining.store(true, Ordering::SeqCst);
+        let inflight = app.metrics.inflight_requests.get();
+        tracing::info!(inflight, "shutting down: draining in-flight requests");
+        let deadline = app.config.drain_timeout();
+        // The admin listener keeps answering (readyz says 503) while the proxy drains.
+        let drained = {
+            let drain = graceful.shutdown();
+            let mut drain = std::pin::pin!(drain);
+            let timer = tokio::time::sleep(deadline);
+            let mut timer = std::pin::pin!(timer);
+            loop {
+                tokio::select! {
+                    () = &mut drain => break true,
+                    () = &mut timer => break false,
+                    accepted = admin.accept() => if let Ok((stream, _)) = accepted {
+                        serve_connection(&app, &admin_graceful, stream, Route::Admin);
+                    },
+                }
+            }
+        };
+        if !drained {
+            tracing::warn!(
+                inflight = app.metrics.inflight_requests.get(),
+                deadline_seconds = deadline.as_secs_f64(),
+                "drain deadline passed; closing the remaining connections"
+            );
+        }
+        drop(admin);
+        let _ = tokio::time::timeout(Duration::from_secs(1), admin_graceful.shutdown()).await;
+        app.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), app.tasks.wait()).await;
+        tracing::info!(drained, "stopped");
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Route {
+    Proxy,
+    Admin,
+}
+
+async fn accept_error(e: std::io::Error) {
+    // Out of file descriptors and the like: back off briefly instead of spinning.
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+fn serve_connection(
+    app: &Arc<App>,
+    graceful: &GracefulShutdown,
+    stream: tokio::net::TcpStream,
+    which: Route,
+) {
+    let _ = stream.set_nodelay(true);
+    let app = app.clone();
+    let watcher = graceful.watcher();
+    app.tasks.clone().spawn(async move {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        let service = service_fn(move |req| {
+            let app = app.clone();
+            async move {
+                Ok::<_, Infallible>(match which {
+                    Route::Proxy => app.handle(req).await,
+                    Route::Admin => app.admin(&req),
+                })
+            }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        if let Err(e) = watcher.watch(conn).await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    });
+}
+
+/// Decrements the in-flight gauge and records the request duration when dropped, which happens
+/// exactly once: at the end of the response body, or with an early error response.
+struct InFlight {
+    metrics: Arc<Metrics>,
+    dialect: &'static str,
+    start: Instant,
+}
+
+impl InFlight {
+    fn new(metrics: &Arc<Metrics>, dialect: &'static str, start: Instant) -> Self {
+        metrics.inflight_requests.inc();
+        Self {
+            metrics: metrics.clone(),
+            dialect,
+            start,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.metrics.inflight_requests.dec();
+        self.metrics
+            .request_duration_seconds
+            .with_label_values(&[self.dialect])
+            .observe(upstream::seconds_since(self.start));
+    }
+}
+
+/// What the handler knows about a request when it answers it, for metrics and logs.
+struct Context {
+    request_id: String,
+    family: Family,
+    dialect: &'static str,
+    route: String,
+}
+
+impl App {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let start = Instant::now();
+        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let path = req.uri().path();
+        let dialect = (req.method() == Method::POST)
+            .then(|| Dialect::from_path(path))
+            .flatten();
+        let mut ctx = Context {
+            request_id,
+            family: dialect
+                .map_or_else(|| Family::of_request(path, req.headers()), Dialect::family),
+            dialect: dialect.map_or("passthrough", Dialect::as_str),
+            route: String::new(),
+        };
+        let inflight = InFlight::new(&self.metrics, ctx.dialect, start);
+        let result = if let Some(dialect) = dialect {
+            self.projected(dialect, req, start, &mut ctx, inflight)
+                .await
+        } else if path.starts_with("/v1/") && !path.starts_with("/v1/sluice/") {
+            self.pass_through(req, &mut ctx, inflight).await
+        } else {
+            drop(inflight);
+            Err(GatewayError::NotFound(path.to_string()))
+        };
+        let mut response = match result {
+            Ok(response) => response,
+            Err(err) => self.error_response(&ctx, &err),
+        };
+        self.metrics
+            .requests_total
+            .with_label_values(&[
+                ctx.dialect,
+                if ctx.route.is_empty() {
+                    "none"
+                } else {
+                    &ctx.route
+                },
+                response.status().as_str(),
+            ])
+            .inc();
+        if let Ok(value) = HeaderValue::from_str(&ctx.request_id) {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        response
+    }
+
+    async fn projected(
+        &self,
+        dialect: Dialect,
+        req: Request<Incoming>,
+        start: Instant,
+        ctx: &mut Context,
+        inflight: InFlight,
+    ) -> Result<Response<Body>, GatewayError> {
+        let (parts, incoming) = req.into_parts();
+        let body = read_body(incoming, &parts.headers, self.config.max_body_bytes).await?;
+        let read_at = Instant::now();
+        let view = dialect
+            .read_view(&body)
+            .map_err(|e| GatewayError::BadJson(e.to_string()))?;
+        let model = view.model.as_deref().unwrap_or("");
+        let route = self
+            .routes
+            .select(dialect, model)
+            .ok_or_else(|| GatewayError::NoRoute {
+                dialect: dialect.as_str(),
+                model: model.chars().take(200).collect(),
+            })?;
+        ctx.route.clone_from(&route.config.name);
+        let projection = project(&view);
+        drop(view);
+        let forwarded = splice(&body, projection.edits).map_err(|e| {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
+            GatewayError::Internal
+        })?;
+        let url = upstream_url(&route.base, &parts.uri);
+        let headers = upstream::request_headers(&parts.headers, route, ctx.family);
+        let before_send = read_at.elapsed();
+        let sent_at = Instant::now();
+        let started = self
+            .upstream
+            .send(parts.method, &url, headers, forwarded.into())
+            .await?;
+        let answered_at = Instant::now();
+        self.metrics
+            .upstream_duration_seconds
+            .with_label_values(&[ctx.dialect, &route.config.name])
+            .observe((answered_at - sent_at).as_secs_f64());
+        let mut response = self.relay(started, ctx, inflight, start);
+        if let Ok(value) = HeaderValue::from_str(&projection.summary.header_value()) {
+            response.headers_mut().insert(PROJECTION, value);
+        }
+        self.metrics
+            .overhead_seconds
+            .observe((before_send + answered_at.elapsed()).as_secs_f64());
+        Ok(response)
+    }
+
+    async fn pass_through(
+        &self,
+        req: Request<Incoming>,
+        ctx: &mut Context,
+        inflight: InFlight,
+    ) -> Result<Response<Body>, GatewayError> {
+        let start = inflight.start;
+        let route = self
+            .routes
+            .select_family(ctx.family)
+            .ok_or_else(|| GatewayError::NoRoute {
+                dialect: ctx.dialect,
+                model: String::new(),
+            })?;
+        ctx.route.clone_from(&route.config.name);
+        let (parts, incoming) = req.into_parts();
+        let url = upstream_url(&route.base, &parts.uri);
+        let headers = upstream::request_headers(&parts.headers, route, ctx.family);
+        let body = if http_body::Body::is_end_stream(&incoming) {
+            reqwest::Body::from(Bytes::new())
+        } else {
+            reqwest::Body::wrap(incoming)
+        };
+        let sent_at = Instant::now();
+        let started = self
+            .upstream
+            .send(parts.method, &url, headers, body)
+            .await?;
+        self.metrics
+            .upstream_duration_seconds
+            .with_label_values(&[ctx.dialect, &route.config.name])
+            .observe(upstream::seconds_since(sent_at));
+        Ok(self.relay(started, ctx, inflight, start))
+    }
+
+    /// Streams an upstream response to the client; records the stream's end (O2).
+    fn relay(
+        &self,
+        started: upstream::Started,
+        ctx: &Context,
+        inflight: InFlight,
+        start: Instant,
+    ) -> Response<Body> {
+        let status = started.status;
+        let headers = upstream::response_headers(&started.headers);
+        let event_stream = started.is_event_stream();
+        let metrics = self.metrics.clone();
+        let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
+        let body = started.relay(&self.tasks, move |end| {
+            drop(inflight);
+            if event_stream {
+                metrics
+                    .streams_total
+                    .with_label_values(&[dialect, end.outcome.as_str()])
+                    .inc();
+            }
+            tracing::debug!(
+                request_id,
+                dialect,
+                route,
+                status = status.as_u16(),
+                outcome = end.outcome.as_str(),
+                bytes = end.bytes,
+                duration_ms = start.elapsed().as_secs_f64() * 1e3,
+                "request finished"
+            );
+        });
+        let mut response = Response::new(body.boxed());
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+    }
+
+    fn error_response(&self, ctx: &Context, err: &GatewayError) -> Response<Body> {
+        self.metrics
+            .errors_total
+            .with_label_values(&[err.kind()])
+            .inc();
+        if err.status().is_server_error() {
+            tracing::warn!(request_id = %ctx.request_id, dialect = ctx.dialect, route = %ctx.route, kind = err.kind(), "request failed");
+        } else {
+            tracing::debug!(request_id = %ctx.request_id, dialect = ctx.dialect, kind = err.kind(), error = %err, "request refused");
+        }
+        let mut response = Response::new(full(err.body(ctx.family)));
+        *response.status_mut() = err.status();
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+
+    /// The admin listener: `/healthz`, `/readyz`, `/metrics` (O2).
+    fn admin(&self, req: &Request<Incoming>) -> Response<Body> {
+        let (status, content_type, body) = match (req.method(), req.uri().path()) {
+            (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", Bytes::from("ok\n")),
+            (&Method::GET, "/readyz") if self.draining.load(Ordering::SeqCst) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                Bytes::from("draining\n"),
+            ),
+            (&Method::GET, "/readyz") => (StatusCode::OK, "text/plain", Bytes::from("ready\n")),
+            (&Method::GET, "/metrics") => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                Bytes::from(self.metrics.render()),
+            ),
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                Bytes::from("not found\n"),
+            ),
+        };
+        let mut response = Response::new(full(body));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type),
+        );
+        response
+    }
+}
+
+/// Reads a request body, refusing it as soon as it passes `limit` bytes (P4: 413), and at once
+/// when its declared length already does.
+async fn read_body(
+    incoming: Incoming,
+    headers: &http::HeaderMap,
+    limit: u64,
+) -> Result<Bytes, GatewayError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    let limited = Limited::new(incoming, usize::try_from(limit).unwrap_or(usize::MAX));
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(GatewayError::BodyTooLarge { limit })
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "client body read failed");
+            Err(GatewayError::ClientBody)
+        }
+    }
+}
+
+fn upstream_url(base: &str, uri: &http::Uri) -> String {
+    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    format!("{base}{path_and_query}")
+}
+
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
+}

@@ -1,0 +1,328 @@
+//! The upstream side: one pooled reqwest client (rustls, HTTP/1.1 and h2), the header policy in
+//! both directions, and the streamed relay of response bodies (SPEC P3, S4).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http_body::Frame;
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use crate::config::UpstreamConfig;
+use crate::dialect::Family;
+use crate::error::GatewayError;
+use crate::metrics::StreamOutcome;
+use crate::route::Route;
+
+/// Chunks buffered between the upstream reader and the client writer. Small and fixed: the
+/// upstream is read only as fast as the client takes the bytes (bounded buffering, STYLE 11).
+const RELAY_CHANNEL_CHUNKS: usize = 8;
+
+/// Headers that describe one hop of a connection, never forwarded (RFC 9110 section 7.6.1).
+const HOP_BY_HOP: &[HeaderName] = &[
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub struct Upstream {
+    client: reqwest::Client,
+    first_byte: Duration,
+    idle: Duration,
+}
+
+impl Upstream {
+    pub fn new(config: &UpstreamConfig) -> Result<Self, reqwest::Error> {
+        // reqwest is built without a bundled crypto provider; install ring's (once per process).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs_f64(config.connect_timeout_seconds))
+            .pool_idle_timeout(Duration::from_secs_f64(config.pool_idle_timeout_seconds))
+            .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Self {
+            client,
+            first_byte: Duration::from_secs_f64(config.first_byte_timeout_seconds),
+            idle: Duration::from_secs_f64(config.idle_timeout_seconds),
+        })
+    }
+
+    /// Sends the request and waits for the response head and its first body chunk, so an
+    /// upstream that fails early still gets a proper status (STYLE 5). Both waits together are
+    /// bounded by the first-byte timeout.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: HeaderMap,
+        body: reqwest::Body,
+    ) -> Result<Started, GatewayError> {
+        let deadline = tokio::time::Instant::now() + self.first_byte;
+        let request = self.client.request(method, url).headers(headers).body(body);
+        let response = match tokio::time::timeout_at(deadline, request.send()).await {
+            Err(_) => return Err(GatewayError::UpstreamTimeout("the first-byte timeout")),
+            Ok(Err(e)) => return Err(classify(&e)),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        let mut body = response.bytes_stream();
+        let first = match tokio::time::timeout_at(deadline, body.next()).await {
+            Err(_) => return Err(GatewayError::UpstreamTimeout("the first-byte timeout")),
+            Ok(Some(Err(e))) => return Err(classify(&e)),
+            Ok(Some(Ok(chunk))) => Some(chunk),
+            Ok(None) => None,
+        };
+        Ok(Started {
+            status,
+            headers,
+            first,
+            rest: Box::pin(body),
+            idle: self.idle,
+        })
+    }
+}
+
+fn classify(e: &reqwest::Error) -> GatewayError {
+    tracing::warn!(error = %e, connect = e.is_connect(), timeout = e.is_timeout(), "upstream request failed");
+    if e.is_timeout() {
+        GatewayError::UpstreamTimeout("the connect timeout")
+    } else {
+        GatewayError::UpstreamUnreachable
+    }
+}
+
+type ChunkStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// An upstream response whose head and first chunk have arrived.
+pub struct Started {
+    pub status: http::StatusCode,
+    pub headers: HeaderMap,
+    first: Option<Bytes>,
+    rest: ChunkStream,
+    idle: Duration,
+}
+
+/// What the relay reports when a body has ended.
+pub struct RelayEnd {
+    pub outcome: StreamOutcome,
+    pub bytes: u64,
+}
+
+impl Started {
+    pub fn is_event_stream(&self) -> bool {
+        self.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"))
+    }
+
+    /// Relays the body to the client through a bounded channel, chunk by chunk as it arrives,
+    /// with no re-framing (P3). `on_end` runs once, when the body ended one way or another. The
+    /// relay task is tracked, so shutdown waits for it.
+    pub fn relay<F>(self, tasks: &TaskTracker, on_end: F) -> RelayBody
+    where
+        F: FnOnce(RelayEnd) + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BoxError>>(RELAY_CHANNEL_CHUNKS);
+        let Started {
+            first,
+            mut rest,
+            idle,
+            ..
+        } = self;
+        tasks.spawn(async move {
+            let mut bytes = 0u64;
+            let outcome = 'relay: {
+                if let Some(chunk) = first {
+                    bytes += chunk.len() as u64;
+                    if tx.send(Ok(Frame::data(chunk))).await.is_err() {
+                        break 'relay StreamOutcome::Cancelled;
+                    }
+                }
+                loop {
+                    let next = tokio::select! {
+                        next = tokio::time::timeout(idle, rest.next()) => next,
+                        () = tx.closed() => break 'relay StreamOutcome::Cancelled,
+                    };
+                    match next {
+                        Ok(Some(Ok(chunk))) => {
+                            bytes += chunk.len() as u64;
+                            if tx.send(Ok(Frame::data(chunk))).await.is_err() {
+                                break 'relay StreamOutcome::Cancelled;
+                            }
+                        }
+                        Ok(None) => break 'relay StreamOutcome::Completed,
+                        Ok(Some(Err(e))) => {
+                            tracing::warn!(error = %e, "upstream body failed mid-stream");
+                            let _ = tx.send(Err("upstream body failed".into())).await;
+                            break 'relay StreamOutcome::UpstreamError;
+                        }
+                        Err(_) => {
+                            tracing::warn!(
+                                idle_seconds = idle.as_secs_f64(),
+                                "upstream went silent mid-stream"
+                            );
+                            let _ = tx.send(Err("upstream idle timeout".into())).await;
+                            break 'relay StreamOutcome::UpstreamError;
+                        }
+                    }
+                }
+            };
+            on_end(RelayEnd { outcome, bytes });
+        });
+        RelayBody { rx }
+    }
+}
+
+/// The client-side end of a relay: a response body fed by the relay task.
+pub struct RelayBody {
+    rx: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+}
+
+impl http_body::Body for RelayBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// Request headers for the upstream: the client's, minus hop-by-hop headers, `host`,
+/// `content-length` (recomputed) and sluice's own `x-sluice-*`; the credential replaced when the
+/// route has its own key (S4).
+pub fn request_headers(incoming: &HeaderMap, route: &Route, family: Family) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(incoming.len());
+    let named_by_connection = connection_tokens(incoming);
+    for (name, value) in incoming {
+        if HOP_BY_HOP.contains(name)
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name.as_str() == "keep-alive"
+            || name.as_str().starts_with("x-sluice-")
+            || named_by_connection.iter().any(|n| n == name.as_str())
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    if let Some(key) = &route.api_key {
+        out.remove(header::AUTHORIZATION);
+        out.remove("x-api-key");
+        match family {
+            Family::OpenAi => {
+                let mut bearer =
+                    HeaderValue::from_bytes(&[b"Bearer ".as_slice(), key.as_bytes()].concat())
+                        .unwrap_or_else(|_| key.clone());
+                bearer.set_sensitive(true);
+                out.insert(header::AUTHORIZATION, bearer);
+            }
+            Family::Anthropic => {
+                out.insert(HeaderName::from_static("x-api-key"), key.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Response headers for the client: the upstream's, minus hop-by-hop headers.
+pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(upstream.len() + 2);
+    let named_by_connection = connection_tokens(upstream);
+    for (name, value) in upstream {
+        if HOP_BY_HOP.contains(name)
+            || name.as_str() == "keep-alive"
+            || named_by_connection.iter().any(|n| n == name.as_str())
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// Header names listed in `Connection`, which are hop-by-hop too.
+fn connection_tokens(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Seconds since `start`, for histograms.
+pub fn seconds_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RouteConfig;
+    use crate::dialect::Dialect;
+    use crate::route::RouteTable;
+
+    fn table(api_key_env: &str) -> RouteTable {
+        RouteTable::new(&[RouteConfig {
+            name: "r".into(),
+            dialects: vec![Dialect::OpenAiChat, Dialect::AnthropicMessages],
+            upstream: "http://up".into(),
+            api_key_env: api_key_env.into(),
+            ..RouteConfig::default()
+        }])
+        .unwrap()
+    }
+
+    #[test]
+    fn strips_hop_by_hop_and_sluice_headers() {
+        let t = table("");
+        let route = t.select(Dialect::OpenAiChat, "m").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive, x-custom-hop".parse().unwrap());
+        h.insert("x-custom-hop", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("host", "sluice".parse().unwrap());
+        h.insert("content-length", "12".parse().unwrap());
+        h.insert("x-sluice-session", "s".parse().unwrap());
+        h.insert("authorization", "Bearer client".parse().unwrap());
+        h.insert("openai-organization", "org".parse().unwrap());
+        let out = request_headers(&h, route, Family::OpenAi);
+        let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["authorization", "openai-organization"]);
+        assert_eq!(out["authorization"], "Bearer client");
+    }
+
+    #[test]
+    fn route_key_replaces_client_credential() {
+        std::env::set_var("SLUICE_TEST_ROUTE_KEY", "sk-route");
+        let t = table("SLUICE_TEST_ROUTE_KEY");
+        let route = t.select(Dialect::OpenAiChat, "m").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer client".parse().unwrap());
+        h.insert("x-api-key", "client".parse().unwrap());
+        let out = request_headers(&h, route, Family::OpenAi);
+        assert_eq!(out["authorization"], "Bearer sk-route");
+        assert!(out.get("x-api-key").is_none());
+        assert!(out["authorization"].is_sensitive());
+        let out = request_headers(&h, route, Family::Anthropic);
+        assert_eq!(out["x-api-key"], "sk-route");
+        assert!(out.get("authorization").is_none());
+    }
+}
