@@ -47,8 +47,19 @@ pub const DEFAULT_MAX_DIMENSION: u32 = 8000;
 pub const DEFAULT_RECENT_COUNT: usize = 3;
 pub const DEFAULT_PRUNE_BATCH: usize = 2;
 
-/// Environment variables that belong to the process, not to the config tree.
-const ENV_NOT_CONFIG: &[&str] = &["config", "log", "log_format"];
+/// The top-level keys. A `SLUICE_` variable is read as config only when its first segment is
+/// one of them, so an operator's own `SLUICE_OPENAI_KEY` (say, named by `api_key_env`) or
+/// `SLUICE_LOG` is not mistaken for a misspelled key; below a known key, typos are errors.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "max_body_bytes",
+    "drain_timeout_seconds",
+    "upstream",
+    "store",
+    "session",
+    "routes",
+];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -279,7 +290,11 @@ impl Config {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
-        figment = figment.merge(Env::prefixed("SLUICE_").ignore(ENV_NOT_CONFIG).split("__"));
+        figment = figment.merge(
+            Env::prefixed("SLUICE_")
+                .filter(|key| is_config_variable(key.as_str()))
+                .split("__"),
+        );
         let config: Config = figment.extract().map_err(figment_error)?;
         config.validate()?;
         Ok(config)
@@ -367,6 +382,13 @@ impl Config {
                 ));
             }
         }
+        let ignored = ignored_variables();
+        if !ignored.is_empty() {
+            out.push_str(&format!(
+                "# not config keys, ignored: {}\n",
+                ignored.join(", ")
+            ));
+        }
         out
     }
 }
@@ -438,6 +460,23 @@ impl RouteConfig {
         }
         Ok(())
     }
+}
+
+/// Whether the `SLUICE_`-stripped variable name `key` addresses the config tree.
+fn is_config_variable(key: &str) -> bool {
+    let first = key.split("__").next().unwrap_or(key).to_ascii_lowercase();
+    TOP_LEVEL_KEYS.contains(&first.as_str())
+}
+
+/// `SLUICE_` variables that are not read as config, for `check-config` to point out.
+pub fn ignored_variables() -> Vec<String> {
+    std::env::vars()
+        .filter_map(|(name, _)| {
+            let key = name.strip_prefix("SLUICE_")?;
+            let process = ["CONFIG", "LOG", "LOG_FORMAT"].contains(&key);
+            (!process && !is_config_variable(key)).then_some(name)
+        })
+        .collect()
 }
 
 fn figment_error(err: figment::Error) -> ConfigError {
@@ -539,6 +578,7 @@ mod tests {
                 ("SLUICE_STORE__BACKEND", "redis"),
                 ("SLUICE_MAX_BODY_BYTES", "1024"),
                 ("SLUICE_CONFIG", "/ignored"),
+                ("SLUICE_OPENAI_KEY", "a route's key, not config"),
                 ("OTHER", "x"),
             ],
         )

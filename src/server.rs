@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -478,9 +478,9 @@ impl App {
 }
 
 /// Reads a request body, refusing it as soon as it passes `limit` bytes (P4: 413), and at once
-/// when its declared length already does.
+/// when its declared length already does. A single-chunk body is kept without a copy.
 async fn read_body(
-    incoming: Incoming,
+    mut incoming: Incoming,
     headers: &http::HeaderMap,
     limit: u64,
 ) -> Result<Bytes, GatewayError> {
@@ -489,19 +489,51 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
+        drain(incoming).await;
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    let limited = Limited::new(incoming, usize::try_from(limit).unwrap_or(usize::MAX));
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(GatewayError::BodyTooLarge { limit })
-        }
-        Err(e) => {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0u64;
+    while let Some(frame) = incoming.frame().await {
+        let frame = frame.map_err(|e| {
             tracing::debug!(error = %e, "client body read failed");
-            Err(GatewayError::ClientBody)
+            GatewayError::ClientBody
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        total += data.len() as u64;
+        if total > limit {
+            drain(incoming).await;
+            return Err(GatewayError::BodyTooLarge { limit });
         }
+        chunks.push(data);
     }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => Bytes::from(chunks.concat()),
+    })
+}
+
+/// Bytes of a refused body still read (and dropped) so the client finishes sending and can read
+/// the 413, instead of failing with a broken pipe.
+const DRAIN_MAX_BYTES: u64 = 8 * 1024 * 1024;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and drops what is left of a refused body, within [`DRAIN_MAX_BYTES`] and
+/// [`DRAIN_MAX_TIME`]; past either, the connection is closed with the response.
+async fn drain(mut incoming: Incoming) {
+    let _ = tokio::time::timeout(DRAIN_MAX_TIME, async move {
+        let mut dropped = 0u64;
+        while let Some(Ok(frame)) = incoming.frame().await {
+            dropped += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if dropped > DRAIN_MAX_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 fn upstream_url(base: &str, uri: &http::Uri) -> String {

@@ -1,0 +1,551 @@
+//! A mock LLM provider on 127.0.0.1:0 that records every request it receives (raw bytes
+//! included) and answers in the dialect its path names: JSON or SSE, scripted text or tool
+//! calls, or an injected failure (status, a stream cut mid-way, a stall).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{stream, StreamExt};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use tokio::sync::{oneshot, Notify};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = BoxBody<Bytes, BoxError>;
+
+/// One request as the mock received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Recorded {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// What the mock answers with.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// An assistant text answer in the dialect's shape (streamed if the request asked).
+    Text(String),
+    /// A call of the named tool with these JSON arguments.
+    ToolCall { name: String, arguments: Value },
+    /// This status with this body, as `application/json`.
+    Status(u16, String),
+    /// The first `events` SSE events of a text answer, then the connection is cut.
+    CutStream { events: usize },
+    /// Wait this long before sending the response head.
+    StallHead(Duration),
+    /// Send the first `events` events of a text answer, then go silent for this long.
+    StallBody { events: usize, pause: Duration },
+    /// Send the first `events` events, then wait until [`MockUpstream::release`], then the rest.
+    Gate { events: usize },
+}
+
+#[derive(Default)]
+struct State {
+    recorded: Vec<Recorded>,
+    script: VecDeque<Reply>,
+}
+
+/// A running mock provider. Dropping it stops it.
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    gate: Arc<Notify>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MockUpstream {
+    pub fn start() -> MockUpstream {
+        let state = Arc::new(Mutex::new(State::default()));
+        let gate = Arc::new(Notify::new());
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let (st, gt) = (state.clone(), gate.clone());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("mock runtime");
+            runtime.block_on(serve(st, gt, addr_tx, stop_rx));
+        });
+        let addr = addr_rx.recv().expect("mock address");
+        MockUpstream {
+            addr,
+            state,
+            gate,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Queue replies, used in order by the next requests; after them, text answers.
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.state.lock().unwrap().script.extend(replies);
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().unwrap().recorded.clone()
+    }
+
+    pub fn last(&self) -> Recorded {
+        self.requests().pop().expect("the mock received no request")
+    }
+
+    /// Lets a [`Reply::Gate`] stream go on.
+    pub fn release(&self) {
+        self.gate.notify_one();
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(
+    state: Arc<Mutex<State>>,
+    gate: Arc<Notify>,
+    addr_tx: std::sync::mpsc::Sender<SocketAddr>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    addr_tx
+        .send(listener.local_addr().expect("addr"))
+        .expect("send addr");
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => continue },
+            _ = &mut stop => return,
+        };
+        let (state, gate) = (state.clone(), gate.clone());
+        #[allow(clippy::disallowed_methods)] // the mock's runtime ends with the test
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let (state, gate) = (state.clone(), gate.clone());
+                async move { Ok::<_, Infallible>(answer(req, state, gate).await) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    state: Arc<Mutex<State>>,
+    gate: Arc<Notify>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let recorded = Recorded {
+        method: parts.method.to_string(),
+        uri: parts.uri.to_string(),
+        headers: parts.headers,
+        body,
+    };
+    let request = recorded.json();
+    let path = parts.uri.path().to_string();
+    let reply = {
+        let mut state = state.lock().unwrap();
+        state.recorded.push(recorded.clone());
+        state.script.pop_front()
+    };
+    let stream = request["stream"] == json!(true);
+    let model = request["model"]
+        .as_str()
+        .unwrap_or("mock-model")
+        .to_string();
+    let dialect = match path.as_str() {
+        "/v1/chat/completions" => Dialect::Chat,
+        "/v1/responses" => Dialect::Responses,
+        "/v1/messages" => Dialect::Anthropic,
+        "/v1/messages/count_tokens" => {
+            return json_response(
+                200,
+                json!({"input_tokens": recorded.body.len() / 4}).to_string(),
+            )
+        }
+        _ => {
+            // Any other path (P5): echo what arrived.
+            return json_response(
+                200,
+                json!({"object": "echo", "method": recorded.method, "uri": recorded.uri,
+                       "body_bytes": recorded.body.len()})
+                .to_string(),
+            );
+        }
+    };
+    let reply = reply.unwrap_or_else(|| Reply::Text("Hello from the mock.".into()));
+    let content = match &reply {
+        Reply::ToolCall { name, arguments } => Content::Tool(name.clone(), arguments.clone()),
+        Reply::Text(text) => Content::Text(text.clone()),
+        _ => Content::Text("Hello from the mock.".into()),
+    };
+    match reply {
+        Reply::Status(code, body) => json_response(code, body),
+        Reply::StallHead(pause) => {
+            tokio::time::sleep(pause).await;
+            json_response(200, dialect.json(&model, &content).to_string())
+        }
+        Reply::CutStream { events } => {
+            let head: Vec<Result<Bytes, BoxError>> = dialect
+                .events(&model, &content)
+                .into_iter()
+                .take(events)
+                .map(Ok)
+                .collect();
+            // Let the events reach the wire before the connection is cut.
+            let cut = stream::once(async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err::<Bytes, BoxError>("cut".into())
+            });
+            sse_response(stream::iter(head).chain(cut))
+        }
+        Reply::StallBody { events, pause } => {
+            let all = dialect.events(&model, &content);
+            let (head, tail) = all.split_at(events.min(all.len()));
+            let (head, tail) = (head.to_vec(), tail.to_vec());
+            let later = stream::once(async move {
+                tokio::time::sleep(pause).await;
+                Ok::<_, BoxError>(Bytes::from(tail.concat()))
+            });
+            sse_response(stream::iter(head.into_iter().map(Ok)).chain(later))
+        }
+        Reply::Gate { events } => {
+            let all = dialect.events(&model, &content);
+            let (head, tail) = all.split_at(events.min(all.len()));
+            let (head, tail) = (head.to_vec(), tail.to_vec());
+            let later = stream::once(async move {
+                gate.notified().await;
+                Ok::<_, BoxError>(Bytes::from(tail.concat()))
+            });
+            sse_response(stream::iter(head.into_iter().map(Ok)).chain(later))
+        }
+        Reply::Text(_) | Reply::ToolCall { .. } if stream => {
+            let events = dialect.events(&model, &content);
+            sse_response(stream::iter(events.into_iter().map(Ok::<_, BoxError>)))
+        }
+        Reply::Text(_) | Reply::ToolCall { .. } => {
+            json_response(200, dialect.json(&model, &content).to_string())
+        }
+    }
+}
+
+fn json_response(status: u16, body: String) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", "application/json")
+        .header("x-mock", "1")
+        .body(
+            Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .expect("response")
+}
+
+fn sse_response<S>(events: S) -> Response<Body>
+where
+    S: futures_util::Stream<Item = Result<Bytes, BoxError>> + Send + Sync + 'static,
+{
+    let frames = events.map(|r| r.map(Frame::data));
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(BodyExt::boxed(StreamBody::new(frames)))
+        .expect("response")
+}
+
+#[derive(Clone, Copy)]
+enum Dialect {
+    Chat,
+    Responses,
+    Anthropic,
+}
+
+enum Content {
+    Text(String),
+    Tool(String, Value),
+}
+
+/// Splits text into three roughly equal deltas (at char boundaries).
+fn deltas(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let n = chars.len().div_ceil(3).max(1);
+    chars.chunks(n).map(|c| c.iter().collect()).collect()
+}
+
+fn sse(event: Option<&str>, data: &Value) -> Bytes {
+    match event {
+        Some(name) => Bytes::from(format!("event: {name}\ndata: {data}\n\n")),
+        None => Bytes::from(format!("data: {data}\n\n")),
+    }
+}
+
+impl Dialect {
+    fn json(self, model: &str, content: &Content) -> Value {
+        match (self, content) {
+            (Dialect::Chat, Content::Text(text)) => json!({
+                "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                             "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+            }),
+            (Dialect::Chat, Content::Tool(name, args)) => json!({
+                "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": null,
+                    "tool_calls": [{"id": "call_mock_1", "type": "function",
+                                    "function": {"name": name, "arguments": args.to_string()}}]},
+                    "logprobs": null, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+            }),
+            (Dialect::Responses, content) => responses_object(
+                model,
+                "completed",
+                vec![responses_item(content, "completed")],
+            ),
+            (Dialect::Anthropic, content) => json!({
+                "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+                "content": [anthropic_block(content, true)],
+                "stop_reason": if matches!(content, Content::Tool(..)) { "tool_use" } else { "end_turn" },
+                "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 5}
+            }),
+        }
+    }
+
+    fn events(self, model: &str, content: &Content) -> Vec<Bytes> {
+        match self {
+            Dialect::Chat => chat_events(model, content),
+            Dialect::Responses => responses_events(model, content),
+            Dialect::Anthropic => anthropic_events(model, content),
+        }
+    }
+}
+
+fn chat_events(model: &str, content: &Content) -> Vec<Bytes> {
+    let chunk = |delta: Value, finish: Value| {
+        sse(
+            None,
+            &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]}),
+        )
+    };
+    let mut out = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    match content {
+        Content::Text(text) => {
+            for d in deltas(text) {
+                out.push(chunk(json!({"content": d}), Value::Null));
+            }
+            out.push(chunk(json!({}), json!("stop")));
+        }
+        Content::Tool(name, args) => {
+            out.push(chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_mock_1", "type": "function",
+                "function": {"name": name, "arguments": ""}}]}),
+                Value::Null,
+            ));
+            for d in deltas(&args.to_string()) {
+                out.push(chunk(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": d}}]}),
+                    Value::Null,
+                ));
+            }
+            out.push(chunk(json!({}), json!("tool_calls")));
+        }
+    }
+    out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    out
+}
+
+fn responses_object(model: &str, status: &str, output: Vec<Value>) -> Value {
+    json!({
+        "id": "resp_mock", "object": "response", "created_at": 1_700_000_000, "status": status,
+        "model": model, "output": output, "error": null, "incomplete_details": null,
+        "instructions": null, "metadata": {}, "parallel_tool_calls": true, "temperature": 1.0,
+        "top_p": 1.0, "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}}
+    })
+}
+
+fn responses_item(content: &Content, status: &str) -> Value {
+    match content {
+        Content::Text(text) => {
+            json!({"type": "message", "id": "msg_mock", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]})
+        }
+        Content::Tool(name, args) => {
+            json!({"type": "function_call", "id": "fc_mock", "call_id": "call_mock_1",
+            "name": name, "arguments": args.to_string(), "status": status})
+        }
+    }
+}
+
+fn responses_events(model: &str, content: &Content) -> Vec<Bytes> {
+    let mut seq = 0;
+    let mut out = Vec::new();
+    let mut push = |out: &mut Vec<Bytes>, mut data: Value| {
+        data["sequence_number"] = json!(seq);
+        seq += 1;
+        let name = data["type"].as_str().unwrap_or("").to_string();
+        out.push(sse(Some(&name), &data));
+    };
+    push(
+        &mut out,
+        json!({"type": "response.created", "response": responses_object(model, "in_progress", vec![])}),
+    );
+    push(
+        &mut out,
+        json!({"type": "response.in_progress", "response": responses_object(model, "in_progress", vec![])}),
+    );
+    match content {
+        Content::Text(text) => {
+            let mut item = responses_item(content, "in_progress");
+            item["content"] = json!([]);
+            push(
+                &mut out,
+                json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+            );
+            push(
+                &mut out,
+                json!({"type": "response.content_part.added", "item_id": "msg_mock", "output_index": 0,
+                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+            );
+            for d in deltas(text) {
+                push(
+                    &mut out,
+                    json!({"type": "response.output_text.delta", "item_id": "msg_mock", "output_index": 0,
+                    "content_index": 0, "delta": d, "logprobs": []}),
+                );
+            }
+            push(
+                &mut out,
+                json!({"type": "response.output_text.done", "item_id": "msg_mock", "output_index": 0,
+                "content_index": 0, "text": text, "logprobs": []}),
+            );
+            push(
+                &mut out,
+                json!({"type": "response.content_part.done", "item_id": "msg_mock", "output_index": 0,
+                "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}),
+            );
+        }
+        Content::Tool(_, args) => {
+            let mut item = responses_item(content, "in_progress");
+            item["arguments"] = json!("");
+            push(
+                &mut out,
+                json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+            );
+            for d in deltas(&args.to_string()) {
+                push(
+                    &mut out,
+                    json!({"type": "response.function_call_arguments.delta", "item_id": "fc_mock",
+                    "output_index": 0, "delta": d}),
+                );
+            }
+            push(
+                &mut out,
+                json!({"type": "response.function_call_arguments.done", "item_id": "fc_mock",
+                "output_index": 0, "arguments": args.to_string()}),
+            );
+        }
+    }
+    push(
+        &mut out,
+        json!({"type": "response.output_item.done", "output_index": 0, "item": responses_item(content, "completed")}),
+    );
+    push(
+        &mut out,
+        json!({"type": "response.completed",
+        "response": responses_object(model, "completed", vec![responses_item(content, "completed")])}),
+    );
+    out
+}
+
+fn anthropic_block(content: &Content, whole: bool) -> Value {
+    match content {
+        Content::Text(text) => {
+            json!({"type": "text", "text": if whole { text.as_str() } else { "" }})
+        }
+        Content::Tool(name, args) => json!({"type": "tool_use", "id": "toolu_mock_1", "name": name,
+            "input": if whole { args.clone() } else { json!({}) }}),
+    }
+}
+
+fn anthropic_events(model: &str, content: &Content) -> Vec<Bytes> {
+    let ev = |data: Value| sse(Some(data["type"].as_str().unwrap_or("")), &data);
+    let mut out = vec![
+        ev(
+            json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message", "role": "assistant",
+            "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+        ),
+        ev(
+            json!({"type": "content_block_start", "index": 0, "content_block": anthropic_block(content, false)}),
+        ),
+        ev(json!({"type": "ping"})),
+    ];
+    let stop = match content {
+        Content::Text(text) => {
+            for d in deltas(text) {
+                out.push(ev(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}})));
+            }
+            "end_turn"
+        }
+        Content::Tool(_, args) => {
+            for d in deltas(&args.to_string()) {
+                out.push(ev(json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": d}})));
+            }
+            "tool_use"
+        }
+    };
+    out.push(ev(json!({"type": "content_block_stop", "index": 0})));
+    out.push(ev(
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+        "usage": {"output_tokens": 5}}),
+    ));
+    out.push(ev(json!({"type": "message_stop"})));
+    out
+}

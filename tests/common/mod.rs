@@ -1,0 +1,210 @@
+//! Test harness shared by the end-to-end tests: the mock provider, and the real `sluice`
+//! binary started on port 0 with a config pointing at it.
+
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+pub mod mock;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use mock::{MockUpstream, Reply};
+
+/// A running `sluice serve`. Dropping it kills the process.
+pub struct Sluice {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    child: Child,
+    logs: Arc<Mutex<Vec<String>>>,
+    pub dir: tempfile::TempDir,
+}
+
+/// Routes every dialect to `upstream`, with test-sized timeouts. `extra` is appended to the
+/// top-level table (before the routes).
+pub fn config_for(upstream: &str, extra: &str) -> String {
+    format!(
+        r#"listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+drain_timeout_seconds = 5
+{extra}
+
+[upstream]
+connect_timeout_seconds = 2
+first_byte_timeout_seconds = 10
+idle_timeout_seconds = 10
+
+[[routes]]
+name = "openai"
+dialects = ["openai-chat", "openai-responses"]
+models = ["*"]
+upstream = "{upstream}"
+
+[[routes]]
+name = "anthropic"
+dialects = ["anthropic-messages"]
+models = ["*"]
+upstream = "{upstream}"
+"#
+    )
+}
+
+impl Sluice {
+    /// Starts sluice with `config` (a TOML document) and extra environment variables.
+    pub fn start_with(config: &str, env: &[(&str, &str)]) -> Sluice {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sluice.toml");
+        let config = format!("{config}\n",);
+        std::fs::write(&path, config).expect("write config");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .env("SLUICE_LOG_FORMAT", "json")
+            .env("SLUICE_LOG", "debug")
+            .env("SLUICE_STORE__DATA_DIR", dir.path().join("data"))
+            .env_remove("SLUICE_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn sluice");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if v["message"] == "listening" {
+                        let addr =
+                            |k: &str| v[k].as_str().and_then(|s| s.parse::<SocketAddr>().ok());
+                        let _ = tx.send((addr("proxy"), addr("admin")));
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((Some(proxy), Some(admin))) => Sluice {
+                proxy,
+                admin,
+                child,
+                logs,
+                dir,
+            },
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "sluice did not start; its output:\n{}",
+                    logs.lock().unwrap().join("\n")
+                );
+            }
+        }
+    }
+
+    pub fn start(config: &str) -> Sluice {
+        Self::start_with(config, &[])
+    }
+
+    /// Sluice in front of `mock` with the default test config.
+    pub fn in_front_of(mock: &MockUpstream) -> Sluice {
+        Self::start(&config_for(&mock.base_url(), ""))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    pub async fn metrics(&self) -> String {
+        install_crypto();
+        reqwest::get(self.admin_url("/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM (O4).
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of a metric sample line `name{labels} value` whose text starts with `prefix`.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A client that does not pool connections (each test request on its own connection).
+pub fn client() -> reqwest::Client {
+    install_crypto();
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// reqwest is built without a bundled crypto provider (as in sluice); install ring's.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
