@@ -2,6 +2,7 @@
 //! binary started on port 0 with a config pointing at it.
 
 #![allow(dead_code)] // each test file uses a different part of the harness
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
 pub mod mock;
 
