@@ -1,1 +1,128 @@
-fn main() {}
+//! The request path in-process (foundation issue, benchmark 9):
+//! - `view`: reading a request into its projection view, projecting (identity) and splicing,
+//!   against a plain serde_json `RawValue` scan of the same bytes as the baseline;
+//! - `round_trip`: one request through an in-process sluice to the mock provider, against the
+//!   same request sent to the mock directly.
+//!
+//! Run: `cargo bench --bench request_path`. Figures are ratios to the baselines of the same run.
+
+#[path = "../tests/common/mock.rs"]
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod mock;
+
+use std::hint::black_box;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde_json::json;
+use sluice::config::Config;
+use sluice::dialect::Dialect;
+use sluice::projection::{project, splice};
+use sluice::server::Server;
+
+/// An agent request of about `target` bytes: a system prompt, a task, then tool turns with
+/// build-log-like output, until the size is reached (30 turns for the 200 KB case).
+fn agent_chat(turns: usize, output_bytes: usize) -> Bytes {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a careful coding agent."}),
+        json!({"role": "user", "content": "Fix the failing build."}),
+    ];
+    for t in 0..turns {
+        let id = format!("call_{t:04}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\":\"cargo build\"}"}}]}));
+        let line = format!("   Compiling crate-{t} v0.1.0 (/work/crate-{t})\n");
+        let output: String = line.repeat(output_bytes / line.len() + 1);
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+    }
+    Bytes::from(json!({"model": "gpt-4o", "messages": messages}).to_string())
+}
+
+fn small_chat() -> Bytes {
+    Bytes::from(
+        json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "Say hello."}]})
+            .to_string(),
+    )
+}
+
+fn view(c: &mut Criterion) {
+    let mut group = c.benchmark_group("view");
+    for (name, body) in [
+        ("small", small_chat()),
+        ("agent_200k_30_turns", agent_chat(30, 6_500)),
+    ] {
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(
+            BenchmarkId::new("raw_value_scan", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let v: Box<serde_json::value::RawValue> =
+                        serde_json::from_slice(black_box(body)).unwrap();
+                    black_box(v);
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("view_project_splice", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let view = Dialect::OpenAiChat.read_view(black_box(body)).unwrap();
+                    let projection = project(&view);
+                    drop(view);
+                    black_box(splice(body, projection.edits).unwrap());
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+fn round_trip(c: &mut Criterion) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let upstream = mock::MockUpstream::start();
+    upstream.record(false);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut config = Config::default();
+    config.listen = "127.0.0.1:0".into();
+    config.admin_listen = "127.0.0.1:0".into();
+    for route in &mut config.routes {
+        route.upstream = upstream.base_url();
+    }
+    let server = runtime.block_on(Server::bind(config)).unwrap();
+    let proxy = server.proxy_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = runtime.spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::new();
+    let mut group = c.benchmark_group("round_trip");
+    for (name, body) in [
+        ("small", small_chat()),
+        ("agent_200k_30_turns", agent_chat(30, 6_500)),
+    ] {
+        for (target, base) in [
+            ("direct", upstream.base_url()),
+            ("sluice", format!("http://{proxy}")),
+        ] {
+            let url = format!("{base}/v1/chat/completions");
+            group.bench_function(BenchmarkId::new(target, name), |b| {
+                b.to_async(&runtime).iter(|| async {
+                    let resp = client.post(&url).body(body.clone()).send().await.unwrap();
+                    black_box(resp.bytes().await.unwrap());
+                })
+            });
+        }
+    }
+    group.finish();
+    let _ = stop.send(());
+    let _ = runtime.block_on(serving);
+}
+
+criterion_group!(benches, view, round_trip);
+criterion_main!(benches);

@@ -56,10 +56,20 @@ pub enum Reply {
     Gate { events: usize },
 }
 
-#[derive(Default)]
 struct State {
+    recording: bool,
     recorded: Vec<Recorded>,
     script: VecDeque<Reply>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            recording: true,
+            recorded: Vec::new(),
+            script: VecDeque::new(),
+        }
+    }
 }
 
 /// A running mock provider. Dropping it stops it.
@@ -103,6 +113,11 @@ impl MockUpstream {
     /// Queue replies, used in order by the next requests; after them, text answers.
     pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
         self.state.lock().unwrap().script.extend(replies);
+    }
+
+    /// Stops (or resumes) keeping requests, for benchmarks that send thousands.
+    pub fn record(&self, on: bool) {
+        self.state.lock().unwrap().recording = on;
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -182,7 +197,9 @@ async fn answer(
     let path = parts.uri.path().to_string();
     let reply = {
         let mut state = state.lock().unwrap();
-        state.recorded.push(recorded.clone());
+        if state.recording {
+            state.recorded.push(recorded.clone());
+        }
         state.script.pop_front()
     };
     let stream = request["stream"] == json!(true);
@@ -210,7 +227,7 @@ async fn answer(
             );
         }
     };
-    let reply = reply.unwrap_or_else(|| Reply::Text("Hello from the mock.".into()));
+    let reply = reply.unwrap_or_else(|| directive(&recorded.body));
     let content = match &reply {
         Reply::ToolCall { name, arguments } => Content::Tool(name.clone(), arguments.clone()),
         Reply::Text(text) => Content::Text(text.clone()),
@@ -264,6 +281,33 @@ async fn answer(
             json_response(200, dialect.json(&model, &content).to_string())
         }
     }
+}
+
+/// The reply a request asks for in its own text (for clients the test cannot script, such as the
+/// SDK script): `mock:tool=NAME` (arguments `{"path":"."}`), `mock:status=N`; else a text answer.
+fn directive(body: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(body);
+    let word = |key: &str| {
+        let at = text.find(key)? + key.len();
+        let rest = &text[at..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        Some(rest[..end].to_string())
+    };
+    if let Some(name) = word("mock:tool=") {
+        return Reply::ToolCall {
+            name,
+            arguments: json!({"path": "."}),
+        };
+    }
+    if let Some(code) = word("mock:status=").and_then(|c| c.parse().ok()) {
+        return Reply::Status(
+            code,
+            json!({"error": {"message": "mock error", "type": "mock"}}).to_string(),
+        );
+    }
+    Reply::Text("Hello from the mock.".into())
 }
 
 fn json_response(status: u16, body: String) -> Response<Body> {

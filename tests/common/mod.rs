@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[allow(unused_imports)] // not every test file scripts replies
 pub use mock::{MockUpstream, Reply};
 
 /// A running `sluice serve`. Dropping it kills the process.

@@ -1,0 +1,159 @@
+"""Drive sluice with the official OpenAI and Anthropic Python SDKs (issue: foundation, SPEC P1-P4).
+
+Run by tests/sdk.rs, which starts the mock provider and sluice and passes their addresses. The
+mock reads directives from the prompt: `mock:tool=NAME` answers with a tool call, `mock:status=N`
+with that status. Every check raises on a mismatch; the script exits non-zero on the first one.
+"""
+
+import argparse
+import json
+import sys
+
+import anthropic
+import openai
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print(f"ok: {what}")
+
+
+def chat(client):
+    r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    expect(r.choices[0].message.content == "Hello from the mock.", "chat: non-streamed text")
+
+    stream = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    expect(text == "Hello from the mock.", "chat: streamed text")
+
+    with client.chat.completions.stream(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        final = stream.get_final_completion()
+    expect(final.choices[0].message.content == "Hello from the mock.", "chat: stream helper final completion")
+
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
+    r = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "mock:tool=ls"}], tools=tools
+    )
+    call = r.choices[0].message.tool_calls[0]
+    expect(call.function.name == "ls" and json.loads(call.function.arguments) == {"path": "."}, "chat: tool call")
+
+    history = [
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt\nb.txt"},
+    ]
+    with client.chat.completions.stream(model="gpt-4o", messages=history, tools=tools) as stream:
+        final = stream.get_final_completion()
+    expect(final.choices[0].finish_reason == "stop", "chat: streamed answer after a tool result")
+
+    try:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "mock:status=429"}])
+        expect(False, "chat: 429 raises")
+    except openai.RateLimitError as e:
+        expect(e.status_code == 429, "chat: provider 429 reaches the SDK as RateLimitError")
+
+
+def chat_errors(base):
+    client = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0)
+    try:
+        client.chat.completions.create(model="no-such-model", messages=[])
+        expect(False, "chat: unrouted model raises")
+    except openai.NotFoundError as e:
+        expect("sluice" in str(e), "chat: sluice's own 404 parses as NotFoundError")
+
+
+def responses(client):
+    r = client.responses.create(model="gpt-5", input="hi")
+    expect(r.output_text == "Hello from the mock.", "responses: non-streamed text")
+
+    events = list(client.responses.create(model="gpt-5", input="hi", stream=True))
+    expect(events[-1].type == "response.completed", "responses: streamed events end with response.completed")
+
+    with client.responses.stream(model="gpt-5", input="hi") as stream:
+        final = stream.get_final_response()
+    expect(final.output_text == "Hello from the mock.", "responses: stream helper final response")
+
+    tools = [{"type": "function", "name": "ls", "parameters": {"type": "object", "properties": {}}}]
+    with client.responses.stream(model="gpt-5", input="mock:tool=ls", tools=tools) as stream:
+        final = stream.get_final_response()
+    call = final.output[0]
+    expect(call.type == "function_call" and call.name == "ls", "responses: streamed tool call")
+
+    r = client.responses.create(model="gpt-5", input=[
+        {"role": "user", "content": "list"},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+    ])
+    expect(r.status == "completed", "responses: answer after a function_call_output")
+
+
+def messages(client):
+    m = client.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    expect(m.content[0].text == "Hello from the mock.", "messages: non-streamed text")
+
+    with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = stream.get_final_text()
+    expect(text == "Hello from the mock.", "messages: stream helper final text")
+
+    stream = client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    kinds = [e.type for e in stream]
+    expect(kinds[0] == "message_start" and kinds[-1] == "message_stop", "messages: raw stream events")
+
+    tools = [{"name": "ls", "input_schema": {"type": "object", "properties": {}}}]
+    with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=64, tools=tools,
+        messages=[{"role": "user", "content": "mock:tool=ls"}],
+    ) as stream:
+        final = stream.get_final_message()
+    block = final.content[0]
+    expect(block.type == "tool_use" and block.input == {"path": "."}, "messages: streamed tool use")
+
+    history = [
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "ls", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "a.txt"}]},
+    ]
+    m = client.messages.create(model="claude-sonnet-4-5", max_tokens=64, tools=tools, messages=history)
+    expect(m.stop_reason == "end_turn", "messages: answer after a tool_result")
+
+    n = client.messages.count_tokens(model="claude-sonnet-4-5", messages=[{"role": "user", "content": "hi"}])
+    expect(n.input_tokens > 0, "messages: count_tokens")
+
+    try:
+        client.messages.create(model="claude-sonnet-4-5", max_tokens=8,
+                               messages=[{"role": "user", "content": "mock:status=529"}])
+        expect(False, "messages: 529 raises")
+    except anthropic.APIStatusError as e:
+        expect(e.status_code == 529, "messages: provider 529 reaches the SDK")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--openai-base", required=True)
+    parser.add_argument("--anthropic-base", required=True)
+    args = parser.parse_args()
+    oa = openai.OpenAI(base_url=args.openai_base, api_key="sk-test", max_retries=0)
+    an = anthropic.Anthropic(base_url=args.anthropic_base, api_key="sk-ant-test", max_retries=0)
+    chat(oa)
+    chat_errors(args.openai_base)
+    responses(oa)
+    messages(an)
+    print("all SDK checks passed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # report, then fail
+        print(f"FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
