@@ -6,6 +6,8 @@
 //!
 //! Run: `cargo bench --bench request_path`. Figures are ratios to the baselines of the same run.
 
+#![allow(clippy::unwrap_used)] // benchmark code: fail loudly
+
 #[path = "../tests/common/mock.rs"]
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod mock;
@@ -88,9 +90,11 @@ fn round_trip(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let mut config = Config::default();
-    config.listen = "127.0.0.1:0".into();
-    config.admin_listen = "127.0.0.1:0".into();
+    let mut config = Config {
+        listen: "127.0.0.1:0".into(),
+        admin_listen: "127.0.0.1:0".into(),
+        ..Config::default()
+    };
     for route in &mut config.routes {
         route.upstream = upstream.base_url();
     }
