@@ -55,6 +55,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "admin_listen",
     "max_body_bytes",
     "drain_timeout_seconds",
+    "worker_threads",
     "upstream",
     "store",
     "session",
@@ -68,6 +69,7 @@ pub struct Config {
     pub admin_listen: String,
     pub max_body_bytes: u64,
     pub drain_timeout_seconds: f64,
+    pub worker_threads: usize,
     pub upstream: UpstreamConfig,
     pub store: StoreConfig,
     pub session: SessionConfig,
@@ -162,6 +164,7 @@ impl Default for Config {
             admin_listen: DEFAULT_ADMIN_LISTEN.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+            worker_threads: 0,
             upstream: UpstreamConfig::default(),
             store: StoreConfig::default(),
             session: SessionConfig::default(),
@@ -357,6 +360,14 @@ impl Config {
 
     pub fn admin_addr(&self) -> Result<SocketAddr, ConfigError> {
         parse_addr("admin_listen", &self.admin_listen)
+    }
+
+    /// Proxy worker threads: `worker_threads`, or one per available core when 0.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
     }
 
     pub fn drain_timeout(&self) -> Duration {
@@ -619,5 +630,36 @@ mod tests {
         let shown = c.redacted_toml();
         assert!(!shown.contains("hunter2"));
         assert!(shown.contains("***"));
+    }
+
+    /// The example config documents every key there is, and is itself valid.
+    #[test]
+    fn example_config_is_valid_and_names_every_key() {
+        let example = include_str!("../config/sluice.example.toml");
+        load(example, &[]).unwrap();
+        fn keys(value: &toml::Value, out: &mut Vec<String>) {
+            match value {
+                toml::Value::Table(t) => {
+                    for (k, v) in t {
+                        out.push(k.clone());
+                        keys(v, out);
+                    }
+                }
+                toml::Value::Array(items) => items.iter().for_each(|v| keys(v, out)),
+                _ => {}
+            }
+        }
+        let mut all = Vec::new();
+        keys(&toml::Value::try_from(Config::default()).unwrap(), &mut all);
+        for key in all {
+            assert!(
+                example.contains(&format!("{key} ="))
+                    || example.contains(&format!("\"{key}\" ="))
+                    || example.contains(&format!("[{key}]"))
+                    || example.contains(&format!("[[{key}]]"))
+                    || example.contains(&format!(".{key}]")),
+                "config/sluice.example.toml does not document `{key}`"
+            );
+        }
     }
 }

@@ -13,6 +13,7 @@ pub struct Route {
     models: GlobSet,
     /// Base URL without a trailing slash; the request path is appended.
     pub base: String,
+    base_url: reqwest::Url,
     /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
     pub api_key: Option<HeaderValue>,
 }
@@ -24,6 +25,22 @@ impl std::fmt::Debug for Route {
             .field("base", &self.base)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish()
+    }
+}
+
+impl Route {
+    /// The upstream URL for a request: the base URL with the request's path appended and its
+    /// query kept. Built from the parsed base, so the host is not parsed again per request.
+    pub fn url(&self, uri: &http::Uri) -> reqwest::Url {
+        let mut url = self.base_url.clone();
+        let prefix = self.base_url.path().trim_end_matches('/');
+        if prefix.is_empty() {
+            url.set_path(uri.path());
+        } else {
+            url.set_path(&format!("{prefix}{}", uri.path()));
+        }
+        url.set_query(uri.query());
+        url
     }
 }
 
@@ -62,8 +79,14 @@ impl RouteTable {
                 value.set_sensitive(true);
                 Some(value)
             };
+            let base = config.upstream.trim_end_matches('/').to_string();
+            let base_url = reqwest::Url::parse(&base).map_err(|e| ConfigError {
+                key: format!("routes.{i}.upstream"),
+                message: e.to_string(),
+            })?;
             routes.push(Route {
-                base: config.upstream.trim_end_matches('/').to_string(),
+                base,
+                base_url,
                 config: config.clone(),
                 models,
                 api_key,
@@ -138,6 +161,19 @@ mod tests {
         assert_eq!(
             table.select_family(Family::Anthropic).unwrap().config.name,
             "claude"
+        );
+    }
+
+    #[test]
+    fn base_paths_prefix_the_request_path() {
+        let mut config = route("gw", &[Dialect::OpenAiChat], &["*"]);
+        config.upstream = "https://gw.example/openai/".into();
+        let table = RouteTable::new(&[config]).unwrap();
+        let route = table.select(Dialect::OpenAiChat, "m").unwrap();
+        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
+        assert_eq!(
+            route.url(&uri).as_str(),
+            "https://gw.example/openai/v1/chat/completions"
         );
     }
 }

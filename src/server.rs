@@ -14,13 +14,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -28,6 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
@@ -38,7 +39,7 @@ use crate::projection::{project, splice};
 use crate::route::RouteTable;
 use crate::upstream::{self, BoxError, Upstream};
 
-pub type Body = BoxBody<Bytes, BoxError>;
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Response header naming the request in sluice's logs (O3).
 pub const REQUEST_ID: &str = "x-sluice-request-id";
@@ -62,20 +63,35 @@ pub enum StartError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// Everything a request handler needs, shared by all connections.
-pub struct App {
+/// What every worker shares: configuration, routes, metrics, and whether sluice is draining.
+struct Shared {
     config: Config,
     routes: RouteTable,
-    upstream: Upstream,
     metrics: Arc<Metrics>,
-    tasks: TaskTracker,
     draining: AtomicBool,
+    /// Random per process, so request ids are unique across replicas and restarts.
+    id_prefix: u64,
+    next_id: AtomicU64,
+}
+
+/// One worker's request handler: the shared state plus the worker's own upstream client, whose
+/// connections live on the worker's thread.
+struct App {
+    shared: Arc<Shared>,
+    upstream: Upstream,
+}
+
+impl std::ops::Deref for App {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// A bound, not yet running gateway.
 pub struct Server {
-    app: Arc<App>,
-    proxy: TcpListener,
+    shared: Arc<Shared>,
+    proxy: std::net::TcpListener,
     admin: TcpListener,
 }
 
@@ -84,23 +100,30 @@ impl Server {
         let proxy_addr = config.listen_addr()?;
         let admin_addr = config.admin_addr()?;
         let routes = RouteTable::new(&config.routes)?;
-        let upstream = Upstream::new(&config.upstream)?;
+        // Fail at startup, not on the first request, if the client cannot be built.
+        Upstream::new(&config.upstream)?;
         let metrics = Arc::new(Metrics::new()?);
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Bind { addr, source })
-        };
-        let proxy = bind(proxy_addr).await?;
-        let admin = bind(admin_addr).await?;
+        let proxy = std::net::TcpListener::bind(proxy_addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|source| StartError::Bind {
+                addr: proxy_addr,
+                source,
+            })?;
+        let admin = TcpListener::bind(admin_addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: admin_addr,
+                source,
+            })?;
+        let id_prefix = uuid::Uuid::new_v4().as_u64_pair().0;
         Ok(Server {
-            app: Arc::new(App {
+            shared: Arc::new(Shared {
                 config,
                 routes,
-                upstream,
                 metrics,
-                tasks: TaskTracker::new(),
                 draining: AtomicBool::new(false),
+                id_prefix,
+                next_id: AtomicU64::new(0),
             }),
             proxy,
             admin,
@@ -116,69 +139,142 @@ impl Server {
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {
-        self.app.metrics.clone()
+        self.shared.metrics.clone()
     }
 
     /// Serves until `shutdown` resolves, then drains (O4): stops accepting, reports not-ready,
     /// lets in-flight requests and streams finish up to `drain_timeout_seconds`.
+    ///
+    /// The proxy runs on `worker_threads` threads, each with its own single-threaded runtime
+    /// accepting on the shared listener: a connection, its upstream connections and its relay
+    /// all stay on one thread, with no cross-thread wake-ups on the request path. The admin
+    /// listener runs on the caller's runtime.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let Server { app, proxy, admin } = self;
-        let graceful = GracefulShutdown::new();
+        let Server {
+            shared,
+            proxy,
+            admin,
+        } = self;
+        let workers = shared.config.workers();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (done_tx, mut done_rx) = mpsc::channel::<()>(workers);
+        for n in 0..workers {
+            let listener = match proxy.try_clone() {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot share the listener with a worker");
+                    break;
+                }
+            };
+            let (shared, stop, done) = (shared.clone(), stop_rx.clone(), done_tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("sluice-worker-{n}"))
+                .spawn(move || {
+                    worker(shared, listener, stop);
+                    drop(done);
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a worker thread");
+            }
+        }
+        drop((proxy, done_tx));
         let admin_graceful = GracefulShutdown::new();
+        let admin_tasks = TaskTracker::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
-                accepted = proxy.accept() => match accepted {
-                    Ok((stream, _)) => serve_connection(&app, &graceful, stream, Route::Proxy),
-                    Err(e) => accept_error(e).await,
-                },
                 accepted = admin.accept() => match accepted {
-                    Ok((stream, _)) => serve_connection(&app, &admin_graceful, stream, Route::Admin),
+                    Ok((stream, _)) => serve_admin(&shared, &admin_tasks, &admin_graceful, stream),
                     Err(e) => accept_error(e).await,
                 },
                 () = &mut shutdown => break,
-            }
-        }
-        drop(proxy);
-        app.draining.store(true, Ordering::SeqCst);
-        let inflight = app.metrics.inflight_requests.get();
-        tracing::info!(inflight, "shutting down: draining in-flight requests");
-        let deadline = app.config.drain_timeout();
-        // The admin listener keeps answering (readyz says 503) while the proxy drains.
-        let drained = {
-            let drain = graceful.shutdown();
-            let mut drain = std::pin::pin!(drain);
-            let timer = tokio::time::sleep(deadline);
-            let mut timer = std::pin::pin!(timer);
-            loop {
-                tokio::select! {
-                    () = &mut drain => break true,
-                    () = &mut timer => break false,
-                    accepted = admin.accept() => if let Ok((stream, _)) = accepted {
-                        serve_connection(&app, &admin_graceful, stream, Route::Admin);
-                    },
+                // Every worker ended (they only do when they could not start): nothing to serve.
+                None = done_rx.recv() => {
+                    tracing::error!("no proxy worker is running; stopping");
+                    break;
                 }
             }
+        }
+        shared.draining.store(true, Ordering::SeqCst);
+        tracing::info!(
+            inflight = shared.metrics.inflight_requests.get(),
+            "shutting down: draining in-flight requests"
+        );
+        let _ = stop_tx.send(true);
+        // The admin listener keeps answering (readyz says 503) until the workers are done.
+        let deadline = shared.config.drain_timeout() + Duration::from_secs(1);
+        let timer = tokio::time::sleep(deadline);
+        let mut timer = std::pin::pin!(timer);
+        loop {
+            tokio::select! {
+                None = done_rx.recv() => break,
+                () = &mut timer => break,
+                accepted = admin.accept() => if let Ok((stream, _)) = accepted {
+                    serve_admin(&shared, &admin_tasks, &admin_graceful, stream);
+                },
+            }
+        }
+        drop(admin);
+        let _ = tokio::time::timeout(Duration::from_secs(1), admin_graceful.shutdown()).await;
+        admin_tasks.close();
+        tracing::info!("stopped");
+    }
+}
+
+/// One proxy worker: a single-threaded runtime accepting on its copy of the listener until told
+/// to stop, then draining its own connections up to the drain deadline.
+fn worker(shared: Arc<Shared>, listener: std::net::TcpListener, mut stop: watch::Receiver<bool>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a worker runtime");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let upstream = match Upstream::new(&shared.config.upstream) {
+            Ok(upstream) => upstream,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the upstream client");
+                return;
+            }
         };
-        if !drained {
+        let listener = match TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot register the listener");
+                return;
+            }
+        };
+        let app = Arc::new(App { shared, upstream });
+        let graceful = GracefulShutdown::new();
+        let tasks = TaskTracker::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => serve_proxy(&app, &tasks, &graceful, stream),
+                    Err(e) => accept_error(e).await,
+                },
+                _ = stop.wait_for(|stop| *stop) => break,
+            }
+        }
+        drop(listener);
+        let deadline = app.config.drain_timeout();
+        if tokio::time::timeout(deadline, graceful.shutdown())
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 inflight = app.metrics.inflight_requests.get(),
                 deadline_seconds = deadline.as_secs_f64(),
                 "drain deadline passed; closing the remaining connections"
             );
         }
-        drop(admin);
-        let _ = tokio::time::timeout(Duration::from_secs(1), admin_graceful.shutdown()).await;
-        app.tasks.close();
-        let _ = tokio::time::timeout(Duration::from_secs(1), app.tasks.wait()).await;
-        tracing::info!(drained, "stopped");
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Route {
-    Proxy,
-    Admin,
+        tasks.close();
+    });
 }
 
 async fn accept_error(e: std::io::Error) {
@@ -187,29 +283,53 @@ async fn accept_error(e: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-fn serve_connection(
+fn serve_proxy(
     app: &Arc<App>,
+    tasks: &TaskTracker,
     graceful: &GracefulShutdown,
     stream: tokio::net::TcpStream,
-    which: Route,
 ) {
-    let _ = stream.set_nodelay(true);
     let app = app.clone();
+    serve(tasks, graceful, stream, move |req| {
+        let app = app.clone();
+        async move { app.handle(req).await }
+    });
+}
+
+fn serve_admin(
+    shared: &Arc<Shared>,
+    tasks: &TaskTracker,
+    graceful: &GracefulShutdown,
+    stream: tokio::net::TcpStream,
+) {
+    let shared = shared.clone();
+    serve(tasks, graceful, stream, move |req| {
+        let response = shared.admin(&req);
+        async move { response }
+    });
+}
+
+/// Serves one connection (HTTP/1.1 or h2c) on a tracked task, watched for graceful shutdown.
+fn serve<H, F>(
+    tasks: &TaskTracker,
+    graceful: &GracefulShutdown,
+    stream: tokio::net::TcpStream,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let _ = stream.set_nodelay(true);
     let watcher = graceful.watcher();
-    app.tasks.clone().spawn(async move {
+    tasks.spawn(async move {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT);
         let service = service_fn(move |req| {
-            let app = app.clone();
-            async move {
-                Ok::<_, Infallible>(match which {
-                    Route::Proxy => app.handle(req).await,
-                    Route::Admin => app.admin(&req),
-                })
-            }
+            let response = handler(req);
+            async move { Ok::<_, Infallible>(response.await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         if let Err(e) = watcher.watch(conn).await {
@@ -258,7 +378,8 @@ struct Context {
 impl App {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let start = Instant::now();
-        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let request_id = format!("{:016x}{n:016x}", self.id_prefix);
         let path = req.uri().path();
         let dialect = (req.method() == Method::POST)
             .then(|| Dialect::from_path(path))
@@ -331,13 +452,13 @@ impl App {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
             GatewayError::Internal
         })?;
-        let url = upstream_url(&route.base, &parts.uri);
+        let url = route.url(&parts.uri);
         let headers = upstream::request_headers(&parts.headers, route, ctx.family);
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();
         let started = self
             .upstream
-            .send(parts.method, &url, headers, forwarded.into())
+            .send(parts.method, url, headers, forwarded.into())
             .await?;
         let answered_at = Instant::now();
         self.metrics
@@ -370,7 +491,7 @@ impl App {
             })?;
         ctx.route.clone_from(&route.config.name);
         let (parts, incoming) = req.into_parts();
-        let url = upstream_url(&route.base, &parts.uri);
+        let url = route.url(&parts.uri);
         let headers = upstream::request_headers(&parts.headers, route, ctx.family);
         let body = if http_body::Body::is_end_stream(&incoming) {
             reqwest::Body::from(Bytes::new())
@@ -378,10 +499,7 @@ impl App {
             reqwest::Body::wrap(incoming)
         };
         let sent_at = Instant::now();
-        let started = self
-            .upstream
-            .send(parts.method, &url, headers, body)
-            .await?;
+        let started = self.upstream.send(parts.method, url, headers, body).await?;
         self.metrics
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
@@ -402,7 +520,7 @@ impl App {
         let event_stream = started.is_event_stream();
         let metrics = self.metrics.clone();
         let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
-        let body = started.relay(&self.tasks, move |end| {
+        let body = started.relay(move |end| {
             drop(inflight);
             if event_stream {
                 metrics
@@ -421,7 +539,7 @@ impl App {
                 "request finished"
             );
         });
-        let mut response = Response::new(body.boxed());
+        let mut response = Response::new(body.boxed_unsync());
         *response.status_mut() = status;
         *response.headers_mut() = headers;
         response
@@ -445,7 +563,9 @@ impl App {
         );
         response
     }
+}
 
+impl Shared {
     /// The admin listener: `/healthz`, `/readyz`, `/metrics` (O2).
     fn admin(&self, req: &Request<Incoming>) -> Response<Body> {
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
@@ -536,11 +656,8 @@ async fn drain(mut incoming: Incoming) {
     .await;
 }
 
-fn upstream_url(base: &str, uri: &http::Uri) -> String {
-    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
-    format!("{base}{path_and_query}")
-}
-
 fn full(bytes: Bytes) -> Body {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }

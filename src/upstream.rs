@@ -6,19 +6,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::future::Future;
+use std::task::{Context, Poll};
+
 use http_body::Frame;
-use tokio::sync::mpsc;
-use tokio_util::task::TaskTracker;
 
 use crate::config::UpstreamConfig;
 use crate::dialect::Family;
 use crate::error::GatewayError;
 use crate::metrics::StreamOutcome;
 use crate::route::Route;
-
-/// Chunks buffered between the upstream reader and the client writer. Small and fixed: the
-/// upstream is read only as fast as the client takes the bytes (bounded buffering, STYLE 11).
-const RELAY_CHANNEL_CHUNKS: usize = 8;
 
 /// Headers that describe one hop of a connection, never forwarded (RFC 9110 section 7.6.1).
 const HOP_BY_HOP: &[HeaderName] = &[
@@ -62,7 +59,7 @@ impl Upstream {
     pub async fn send(
         &self,
         method: http::Method,
-        url: &str,
+        url: reqwest::Url,
         headers: HeaderMap,
         body: reqwest::Body,
     ) -> Result<Started, GatewayError> {
@@ -119,6 +116,8 @@ pub struct RelayEnd {
     pub bytes: u64,
 }
 
+type OnEnd = Box<dyn FnOnce(RelayEnd) + Send>;
+
 impl Started {
     pub fn is_event_stream(&self) -> bool {
         self.headers
@@ -127,67 +126,59 @@ impl Started {
             .is_some_and(|v| v.starts_with("text/event-stream"))
     }
 
-    /// Relays the body to the client through a bounded channel, chunk by chunk as it arrives,
-    /// with no re-framing (P3). `on_end` runs once, when the body ended one way or another. The
-    /// relay task is tracked, so shutdown waits for it.
-    pub fn relay<F>(self, tasks: &TaskTracker, on_end: F) -> RelayBody
+    /// The response body for the client: each upstream chunk is handed on as it arrives, with no
+    /// re-framing and no buffering beyond the chunk in hand (P3). The client's pace drives the
+    /// reads, so a slow client slows the upstream instead of filling memory. `on_end` runs once,
+    /// when the body ended one way or another.
+    pub fn relay<F>(self, on_end: F) -> RelayBody
     where
         F: FnOnce(RelayEnd) + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BoxError>>(RELAY_CHANNEL_CHUNKS);
-        let Started {
-            first,
-            mut rest,
-            idle,
-            ..
-        } = self;
-        tasks.spawn(async move {
-            let mut bytes = 0u64;
-            let outcome = 'relay: {
-                if let Some(chunk) = first {
-                    bytes += chunk.len() as u64;
-                    if tx.send(Ok(Frame::data(chunk))).await.is_err() {
-                        break 'relay StreamOutcome::Cancelled;
-                    }
-                }
-                loop {
-                    let next = tokio::select! {
-                        next = tokio::time::timeout(idle, rest.next()) => next,
-                        () = tx.closed() => break 'relay StreamOutcome::Cancelled,
-                    };
-                    match next {
-                        Ok(Some(Ok(chunk))) => {
-                            bytes += chunk.len() as u64;
-                            if tx.send(Ok(Frame::data(chunk))).await.is_err() {
-                                break 'relay StreamOutcome::Cancelled;
-                            }
-                        }
-                        Ok(None) => break 'relay StreamOutcome::Completed,
-                        Ok(Some(Err(e))) => {
-                            tracing::warn!(error = %e, "upstream body failed mid-stream");
-                            let _ = tx.send(Err("upstream body failed".into())).await;
-                            break 'relay StreamOutcome::UpstreamError;
-                        }
-                        Err(_) => {
-                            tracing::warn!(
-                                idle_seconds = idle.as_secs_f64(),
-                                "upstream went silent mid-stream"
-                            );
-                            let _ = tx.send(Err("upstream idle timeout".into())).await;
-                            break 'relay StreamOutcome::UpstreamError;
-                        }
-                    }
-                }
-            };
-            on_end(RelayEnd { outcome, bytes });
-        });
-        RelayBody { rx }
+        let expected = self
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        RelayBody {
+            first: self.first,
+            rest: self.rest,
+            idle: self.idle,
+            silence: Box::pin(tokio::time::sleep(self.idle)),
+            bytes: 0,
+            expected,
+            on_end: Some(Box::new(on_end)),
+        }
     }
 }
 
-/// The client-side end of a relay: a response body fed by the relay task.
+/// A response body relayed from the upstream. Ends with an error when the upstream fails or is
+/// silent for longer than the idle timeout, so the client sees a cut stream, never a complete one.
 pub struct RelayBody {
-    rx: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+    first: Option<Bytes>,
+    rest: ChunkStream,
+    idle: Duration,
+    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
+    bytes: u64,
+    /// The upstream's `content-length`: a body dropped after exactly that many bytes completed.
+    expected: Option<u64>,
+    /// Present until the body has ended.
+    on_end: Option<OnEnd>,
+}
+
+impl RelayBody {
+    fn end(&mut self, outcome: StreamOutcome) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(RelayEnd {
+                outcome,
+                bytes: self.bytes,
+            });
+        }
+    }
+
+    fn chunk(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.bytes += chunk.len() as u64;
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
 }
 
 impl http_body::Body for RelayBody {
@@ -195,10 +186,59 @@ impl http_body::Body for RelayBody {
     type Error = BoxError;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.rx.poll_recv(cx)
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return this.chunk(first);
+        }
+        if this.on_end.is_none() {
+            return Poll::Ready(None);
+        }
+        match this.rest.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                let deadline = tokio::time::Instant::now() + this.idle;
+                this.silence.as_mut().reset(deadline);
+                this.chunk(chunk)
+            }
+            Poll::Ready(None) => {
+                this.end(StreamOutcome::Completed);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                tracing::warn!(error = %e, "upstream body failed mid-stream");
+                this.end(StreamOutcome::UpstreamError);
+                Poll::Ready(Some(Err("upstream body failed".into())))
+            }
+            Poll::Pending => match this.silence.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    tracing::warn!(
+                        idle_seconds = this.idle.as_secs_f64(),
+                        "upstream went silent mid-stream"
+                    );
+                    this.end(StreamOutcome::UpstreamError);
+                    Poll::Ready(Some(Err("upstream idle timeout".into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.on_end.is_none()
+    }
+}
+
+impl Drop for RelayBody {
+    /// Dropped before its end: the client went away, unless every announced byte was sent.
+    fn drop(&mut self) {
+        let outcome = if self.first.is_none() && self.expected == Some(self.bytes) {
+            StreamOutcome::Completed
+        } else {
+            StreamOutcome::Cancelled
+        };
+        self.end(outcome);
     }
 }
 

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Load run (foundation issue, benchmark 9), all in one run on this machine:
+#  (a) at a fixed arrival rate, latency p50/p99 direct to a fast mock vs through sluice
+#      (the difference is sluice's added latency), nginx as a plain reverse proxy for reference;
+#  (b) throughput at saturation, direct vs sluice vs nginx, with CPU time per request of the
+#      proxy process (sluice, or nginx's workers) and sluice's peak RSS.
+# For a small chat request and a ~200 KB agent request with 30 tool turns, streamed and not.
+# The mock is nginx returning a fixed answer (JSON, or SSE when the x-mock-stream header is set).
+# Traffic goes to 127.0.0.1 only. Usage: benches/load.sh [DURATION_SECONDS] (default 10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH=${1:-10}
+RATE=${RATE:-1000}
+CONNS=${CONNS:-32}
+PAYLOADS=${PAYLOADS:-small agent}   # subsets for quick looks, e.g. PAYLOADS=small MODES=json
+MODES=${MODES:-json stream}
+PARTS=${PARTS:-latency throughput}
+
+command -v oha >/dev/null || cargo install oha --locked
+if ! command -v nginx >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+fi
+cargo build --release --quiet
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+work=$(mktemp -d)
+cleanup() {
+  [ -f "$work/mock.pid" ] && kill "$(cat "$work/mock.pid")" 2>/dev/null || true
+  [ -f "$work/proxy.pid" ] && kill "$(cat "$work/proxy.pid")" 2>/dev/null || true
+  [ -n "${SLUICE_PID:-}" ] && kill "$SLUICE_PID" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+python3 benches/payloads.py "$work"
+
+MOCK=127.0.0.1:18101 PROXY=127.0.0.1:18102 SLUICE=127.0.0.1:18103 ADMIN=127.0.0.1:18104
+SSE='data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"},"finish_reason":null}]}\n\ndata: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+JSON='{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+cat > "$work/mock.conf" <<NGX
+worker_processes 1;
+pid $work/mock.pid;
+error_log $work/mock.err;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_buffer_size 1m;
+  client_max_body_size 64m;
+  server {
+    listen $MOCK;
+    location = /stream { internal; default_type text/event-stream; return 200 '$SSE'; }
+    location / {
+      if (\$http_x_mock_stream) { rewrite ^ /stream last; }
+      default_type application/json;
+      return 200 '$JSON';
+    }
+  }
+}
+NGX
+cat > "$work/proxy.conf" <<NGX
+worker_processes auto;
+pid $work/proxy.pid;
+error_log $work/proxy.err;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_buffer_size 1m;
+  client_max_body_size 64m;
+  upstream mock { server $MOCK; keepalive 64; }
+  server {
+    listen $PROXY;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering on;
+    }
+  }
+}
+NGX
+"$NGINX" -c "$work/mock.conf"
+"$NGINX" -c "$work/proxy.conf"
+cat > "$work/sluice.toml" <<TOML
+listen = "$SLUICE"
+admin_listen = "$ADMIN"
+[[routes]]
+name = "mock"
+dialects = ["openai-chat", "openai-responses", "anthropic-messages"]
+upstream = "http://$MOCK"
+TOML
+SLUICE_LOG=warn ./target/release/sluice serve --config "$work/sluice.toml" &
+SLUICE_PID=$!
+for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
+
+TICKS=$(getconf CLK_TCK)
+# CPU seconds (user + system) of the given pids.
+cpu() { local t=0; for p in "$@"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); t=$((t + $1 + $2)); done; echo "$t"; }
+nginx_workers() { pgrep -P "$(cat "$work/proxy.pid")" | tr '\n' ' '; }
+url() { case $1 in direct) echo "http://$MOCK";; sluice) echo "http://$SLUICE";; nginx) echo "http://$PROXY";; esac; }
+pids() { case $1 in sluice) echo "$SLUICE_PID";; nginx) nginx_workers;; *) echo "";; esac; }
+run() { # target payload mode [extra oha args...] -> oha JSON on stdout
+  local target=$1 payload=$2 mode=$3; shift 3
+  local hdr=(); [ "$mode" = stream ] && hdr=(-H "x-mock-stream: 1")
+  local file="$work/$payload.json"; [ "$mode" = stream ] && file="$work/$payload-stream.json"
+  oha --no-tui --output-format json -z "${SECONDS_EACH}s" -m POST -T application/json -D "$file" \
+    "${hdr[@]}" "$@" "$(url "$target")/v1/chat/completions"
+}
+field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; $(uname -sr); $(date -u +%F)"
+echo
+echo "| payload | mode | p50 direct | p50 sluice | p50 nginx | p99 direct | p99 sluice | p99 nginx | added p50 | added p99 |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+if [[ " $PARTS " == *" latency "* ]]; then
+for payload in $PAYLOADS; do for mode in $MODES; do
+  declare -A p50 p99
+  for target in direct sluice nginx; do
+    out=$(run "$target" "$payload" "$mode" -q "$RATE" -c 50 --latency-correction)
+    ok=$(echo "$out" | field "d['summary']['successRate']")
+    [ "$ok" = "1.0" ] || echo "warning: $target $payload $mode success rate $ok" >&2
+    p50[$target]=$(echo "$out" | field "round(d['latencyPercentiles']['p50']*1000, 3)")
+    p99[$target]=$(echo "$out" | field "round(d['latencyPercentiles']['p99']*1000, 3)")
+  done
+  add50=$(python3 -c "print(round(${p50[sluice]} - ${p50[direct]}, 3))")
+  add99=$(python3 -c "print(round(${p99[sluice]} - ${p99[direct]}, 3))")
+  echo "| $payload | $mode | ${p50[direct]} ms | ${p50[sluice]} ms | ${p50[nginx]} ms | ${p99[direct]} ms | ${p99[sluice]} ms | ${p99[nginx]} ms | $add50 ms | $add99 ms |"
+done; done
+fi
+
+echo
+echo "| payload | mode | req/s direct | req/s sluice | req/s nginx | sluice / nginx | CPU ms/req sluice | CPU ms/req nginx | CPU ratio |"
+echo "|---|---|---|---|---|---|---|---|---|"
+if [[ " $PARTS " == *" throughput "* ]]; then
+for payload in $PAYLOADS; do for mode in $MODES; do
+  declare -A rps cpr
+  for target in direct sluice nginx; do
+    ps=$(pids "$target")
+    before=$( [ -n "$ps" ] && cpu $ps || echo 0)
+    out=$(run "$target" "$payload" "$mode" -c "$CONNS")
+    after=$( [ -n "$ps" ] && cpu $ps || echo 0)
+    n=$(echo "$out" | field "int(d['summary']['requestsPerSec'] * d['summary']['total'])")
+    rps[$target]=$(echo "$out" | field "round(d['summary']['requestsPerSec'])")
+    cpr[$target]=$(python3 -c "print(round(($after - $before) / $TICKS * 1000 / max($n, 1), 4))")
+  done
+  ratio=$(python3 -c "print(round(${rps[sluice]} / ${rps[nginx]}, 2))")
+  cratio=$(python3 -c "print(round(${cpr[sluice]} / max(${cpr[nginx]}, 1e-9), 2))")
+  echo "| $payload | $mode | ${rps[direct]} | ${rps[sluice]} | ${rps[nginx]} | $ratio | ${cpr[sluice]} | ${cpr[nginx]} | $cratio |"
+done; done
+fi
+
+echo
+echo "sluice peak RSS: $(awk '/VmHWM/{print $2, $3}' "/proc/$SLUICE_PID/status")"
