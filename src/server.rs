@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::dialect::{Dialect, Family};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::projection::{project, splice};
+use crate::projection::{project, splice, Summary};
 use crate::route::RouteTable;
 use crate::upstream::{self, BoxError, Upstream};
 
@@ -45,6 +45,8 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 pub const REQUEST_ID: &str = "x-sluice-request-id";
 /// Response header summarising the projection (O3, section 9).
 pub const PROJECTION: &str = "x-sluice-projection";
+/// The projection header of a request that nothing was done to.
+const NOTHING_PROJECTED: &str = "spilled=0; embedded=0; deferred=0; refused=0; placeholders=0";
 /// A client must send its request head within this time (slow-loris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -453,7 +455,7 @@ impl App {
             GatewayError::Internal
         })?;
         let url = route.url(&parts.uri);
-        let headers = upstream::request_headers(&parts.headers, route, ctx.family);
+        let headers = upstream::request_headers(parts.headers, route, ctx.family);
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();
         let started = self
@@ -466,7 +468,12 @@ impl App {
             .with_label_values(&[ctx.dialect, &route.config.name])
             .observe((answered_at - sent_at).as_secs_f64());
         let mut response = self.relay(started, ctx, inflight, start);
-        if let Ok(value) = HeaderValue::from_str(&projection.summary.header_value()) {
+        let summary = if projection.summary == Summary::default() {
+            Ok(HeaderValue::from_static(NOTHING_PROJECTED))
+        } else {
+            HeaderValue::from_str(&projection.summary.header_value())
+        };
+        if let Ok(value) = summary {
             response.headers_mut().insert(PROJECTION, value);
         }
         self.metrics
@@ -492,7 +499,7 @@ impl App {
         ctx.route.clone_from(&route.config.name);
         let (parts, incoming) = req.into_parts();
         let url = route.url(&parts.uri);
-        let headers = upstream::request_headers(&parts.headers, route, ctx.family);
+        let headers = upstream::request_headers(parts.headers, route, ctx.family);
         let body = if http_body::Body::is_end_stream(&incoming) {
             reqwest::Body::from(Bytes::new())
         } else {
@@ -510,14 +517,14 @@ impl App {
     /// Streams an upstream response to the client; records the stream's end (O2).
     fn relay(
         &self,
-        started: upstream::Started,
+        mut started: upstream::Started,
         ctx: &Context,
         inflight: InFlight,
         start: Instant,
     ) -> Response<Body> {
         let status = started.status;
-        let headers = upstream::response_headers(&started.headers);
         let event_stream = started.is_event_stream();
+        let headers = upstream::response_headers(std::mem::take(&mut started.headers));
         let metrics = self.metrics.clone();
         let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
         let body = started.relay(move |end| {

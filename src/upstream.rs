@@ -65,13 +65,13 @@ impl Upstream {
     ) -> Result<Started, GatewayError> {
         let deadline = tokio::time::Instant::now() + self.first_byte;
         let request = self.client.request(method, url).headers(headers).body(body);
-        let response = match tokio::time::timeout_at(deadline, request.send()).await {
+        let mut response = match tokio::time::timeout_at(deadline, request.send()).await {
             Err(_) => return Err(GatewayError::UpstreamTimeout("the first-byte timeout")),
             Ok(Err(e)) => return Err(classify(&e)),
             Ok(Ok(response)) => response,
         };
         let status = response.status();
-        let headers = response.headers().clone();
+        let headers = std::mem::take(response.headers_mut());
         let mut body = response.bytes_stream();
         let first = match tokio::time::timeout_at(deadline, body.next()).await {
             Err(_) => return Err(GatewayError::UpstreamTimeout("the first-byte timeout")),
@@ -79,9 +79,14 @@ impl Upstream {
             Ok(Some(Ok(chunk))) => Some(chunk),
             Ok(None) => None,
         };
+        let expected = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
         Ok(Started {
             status,
             headers,
+            expected,
             first,
             rest: Box::pin(body),
             idle: self.idle,
@@ -105,6 +110,8 @@ type ChunkStream =
 pub struct Started {
     pub status: http::StatusCode,
     pub headers: HeaderMap,
+    /// The upstream's `content-length`, if it sent one.
+    expected: Option<u64>,
     first: Option<Bytes>,
     rest: ChunkStream,
     idle: Duration,
@@ -134,18 +141,13 @@ impl Started {
     where
         F: FnOnce(RelayEnd) + Send + 'static,
     {
-        let expected = self
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
         RelayBody {
             first: self.first,
             rest: self.rest,
             idle: self.idle,
             silence: Box::pin(tokio::time::sleep(self.idle)),
             bytes: 0,
-            expected,
+            expected: self.expected,
             on_end: Some(Box::new(on_end)),
         }
     }
@@ -242,57 +244,57 @@ impl Drop for RelayBody {
     }
 }
 
-/// Request headers for the upstream: the client's, minus hop-by-hop headers, `host`,
-/// `content-length` (recomputed) and sluice's own `x-sluice-*`; the credential replaced when the
-/// route has its own key (S4).
-pub fn request_headers(incoming: &HeaderMap, route: &Route, family: Family) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(incoming.len());
-    let named_by_connection = connection_tokens(incoming);
-    for (name, value) in incoming {
-        if HOP_BY_HOP.contains(name)
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name.as_str() == "keep-alive"
-            || name.as_str().starts_with("x-sluice-")
-            || named_by_connection.iter().any(|n| n == name.as_str())
-        {
-            continue;
+/// Request headers for the upstream, edited in place from the client's: hop-by-hop headers,
+/// `host`, `content-length` (recomputed) and sluice's own `x-sluice-*` removed; the credential
+/// replaced when the route has its own key (S4).
+pub fn request_headers(mut headers: HeaderMap, route: &Route, family: Family) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    if headers.keys().any(|n| n.as_str().starts_with("x-sluice-")) {
+        let ours: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("x-sluice-"))
+            .cloned()
+            .collect();
+        for name in ours {
+            headers.remove(name);
         }
-        out.append(name.clone(), value.clone());
     }
     if let Some(key) = &route.api_key {
-        out.remove(header::AUTHORIZATION);
-        out.remove("x-api-key");
+        headers.remove(header::AUTHORIZATION);
+        headers.remove("x-api-key");
         match family {
             Family::OpenAi => {
                 let mut bearer =
                     HeaderValue::from_bytes(&[b"Bearer ".as_slice(), key.as_bytes()].concat())
                         .unwrap_or_else(|_| key.clone());
                 bearer.set_sensitive(true);
-                out.insert(header::AUTHORIZATION, bearer);
+                headers.insert(header::AUTHORIZATION, bearer);
             }
             Family::Anthropic => {
-                out.insert(HeaderName::from_static("x-api-key"), key.clone());
+                headers.insert(HeaderName::from_static("x-api-key"), key.clone());
             }
         }
     }
-    out
+    headers
 }
 
-/// Response headers for the client: the upstream's, minus hop-by-hop headers.
-pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(upstream.len() + 2);
-    let named_by_connection = connection_tokens(upstream);
-    for (name, value) in upstream {
-        if HOP_BY_HOP.contains(name)
-            || name.as_str() == "keep-alive"
-            || named_by_connection.iter().any(|n| n == name.as_str())
-        {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
+/// Response headers for the client, edited in place from the upstream's: hop-by-hop removed.
+pub fn response_headers(mut headers: HeaderMap) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers
+}
+
+/// Removes the headers that describe one hop of a connection, and those that `Connection` names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in connection_tokens(headers) {
+        headers.remove(name.as_str());
     }
-    out
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
 }
 
 /// Header names listed in `Connection`, which are hop-by-hop too.
@@ -343,8 +345,9 @@ mod tests {
         h.insert("x-sluice-session", "s".parse().unwrap());
         h.insert("authorization", "Bearer client".parse().unwrap());
         h.insert("openai-organization", "org".parse().unwrap());
-        let out = request_headers(&h, route, Family::OpenAi);
-        let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        let out = request_headers(h, route, Family::OpenAi);
+        let mut names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
         assert_eq!(names, vec!["authorization", "openai-organization"]);
         assert_eq!(out["authorization"], "Bearer client");
     }
@@ -357,11 +360,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("authorization", "Bearer client".parse().unwrap());
         h.insert("x-api-key", "client".parse().unwrap());
-        let out = request_headers(&h, route, Family::OpenAi);
+        let out = request_headers(h.clone(), route, Family::OpenAi);
         assert_eq!(out["authorization"], "Bearer sk-route");
         assert!(out.get("x-api-key").is_none());
         assert!(out["authorization"].is_sensitive());
-        let out = request_headers(&h, route, Family::Anthropic);
+        let out = request_headers(h, route, Family::Anthropic);
         assert_eq!(out["x-api-key"], "sk-route");
         assert!(out.get("authorization").is_none());
     }
