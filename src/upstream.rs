@@ -44,6 +44,10 @@ impl Upstream {
             .connect_timeout(Duration::from_secs_f64(config.connect_timeout_seconds))
             .pool_idle_timeout(Duration::from_secs_f64(config.pool_idle_timeout_seconds))
             .tcp_nodelay(true)
+            // Notice a provider connection that died silently before a request is sent on it.
+            .tcp_keepalive(Duration::from_secs(30))
+            // Large streamed answers over h2 should not be held back by a small fixed window.
+            .http2_adaptive_window(true)
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
         Ok(Self {
