@@ -200,6 +200,51 @@ mod tests {
         ));
     }
 
+    /// P2 at the seam: replacing a tool result's content through its view span changes those
+    /// bytes only; unknown fields, whitespace, key order and number formats survive.
+    #[test]
+    fn an_edited_request_changes_only_its_spliced_spans() {
+        let cases = [
+            (Dialect::OpenAiChat, "{ \"x_unknown\" : {\"n\": 1.50e3},\n \"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"function\":{\"name\":\"ls\"}}]},\n\t{\"tool_call_id\":\"c1\", \"content\" :\"old\\nout\", \"role\":\"tool\"}], \"model\":\"m\", \"temperature\": 0.70 }"),
+            (Dialect::OpenAiResponses, "{\"input\":[{\"output\":[{\"type\":\"input_text\",\"text\":\"old\"}],  \"type\":\"function_call_output\",\"call_id\":\"f\"}],\"model\":\"m\",\"z\":-0.0}"),
+            (Dialect::AnthropicMessages, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"cache_control\":{\"type\":\"ephemeral\"},\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"old\"}]}],  \"max_tokens\":1e2}"),
+        ];
+        for (dialect, body) in cases {
+            let body = Bytes::from(body);
+            let view = dialect.read_view(&body).unwrap();
+            let span = view.tool_results[0].span;
+            drop(view);
+            let out = splice(
+                &body,
+                vec![Edit {
+                    span,
+                    with: Bytes::from_static(b"\"new\""),
+                }],
+            )
+            .unwrap();
+            assert_eq!(
+                &out[..span.start],
+                &body[..span.start],
+                "{dialect:?}: prefix untouched"
+            );
+            assert_eq!(
+                &out[span.start + 5..],
+                &body[span.end..],
+                "{dialect:?}: suffix untouched"
+            );
+            let mut before: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let after: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            // The only semantic change is the replaced content.
+            let pointer = match dialect {
+                Dialect::OpenAiChat => "/messages/1/content",
+                Dialect::OpenAiResponses => "/input/0/output",
+                Dialect::AnthropicMessages => "/messages/0/content/0/content",
+            };
+            *before.pointer_mut(pointer).unwrap() = serde_json::json!("new");
+            assert_eq!(before, after, "{dialect:?}");
+        }
+    }
+
     proptest! {
         /// P2: whatever edits are made, the bytes between them are the original bytes.
         #[test]
