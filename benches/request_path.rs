@@ -1,5 +1,6 @@
 //! The request path in-process (foundation issue, benchmark 9):
-//! - `view`: reading a request into its projection view, projecting (identity) and splicing,
+//! - `view`: reading a request into its projection view, projecting and splicing, in steady
+//!   state (every projection remembered) and the first time (text exit: decode, page, hash),
 //!   against a plain serde_json `RawValue` scan of the same bytes as the baseline;
 //! - `round_trip`: one request through an in-process sluice to the mock provider, against the
 //!   same request sent to the mock directly.
@@ -17,10 +18,12 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
-use sluice::config::Config;
+use sluice::config::{Config, RouteConfig};
 use sluice::dialect::Dialect;
-use sluice::projection::{project, splice};
+use sluice::exit::Memo;
+use sluice::projection::{project, splice, Context};
 use sluice::server::Server;
+use sluice::tenant::Tenant;
 
 /// An agent request of about `target` bytes: a system prompt, a task, then tool turns with
 /// build-log-like output, until the size is reached (30 turns for the 200 KB case).
@@ -48,10 +51,14 @@ fn small_chat() -> Bytes {
 }
 
 fn view(c: &mut Criterion) {
+    let tenant = Tenant::from_credential(b"bench");
+    let route = RouteConfig::default();
     let mut group = c.benchmark_group("view");
     for (name, body) in [
         ("small", small_chat()),
         ("agent_200k_30_turns", agent_chat(30, 6_500)),
+        // Every tool output is over the 30,000-unit budget: all of them spill.
+        ("history_1mb_all_spilled", agent_chat(20, 50_000)),
     ] {
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_with_input(
@@ -65,15 +72,52 @@ fn view(c: &mut Criterion) {
                 })
             },
         );
+        // Steady state: the memo already holds every projection (an agent resending history).
+        let memo = Memo::default();
+        let warm = |memo: &Memo| {
+            let view = Dialect::OpenAiChat.read_view(&body).unwrap();
+            let ctx = Context {
+                tenant: &tenant,
+                route: &route,
+                memo,
+            };
+            let p = project(&view, &ctx);
+            for (k, v) in p.memos {
+                memo.insert(k, v);
+            }
+        };
+        warm(&memo);
         group.bench_with_input(
-            BenchmarkId::new("view_project_splice", name),
+            BenchmarkId::new("project_steady", name),
             &body,
             |b, body| {
                 b.iter(|| {
                     let view = Dialect::OpenAiChat.read_view(black_box(body)).unwrap();
-                    let projection = project(&view);
+                    let ctx = Context {
+                        tenant: &tenant,
+                        route: &route,
+                        memo: &memo,
+                    };
+                    let projection = project(&view, &ctx);
                     drop(view);
                     black_box(splice(body, projection.edits).unwrap());
+                })
+            },
+        );
+        // First time: nothing remembered; every over-budget result is decoded, paged and hashed.
+        group.bench_with_input(
+            BenchmarkId::new("project_first_time", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let memo = Memo::default();
+                    let view = Dialect::OpenAiChat.read_view(black_box(body)).unwrap();
+                    let ctx = Context {
+                        tenant: &tenant,
+                        route: &route,
+                        memo: &memo,
+                    };
+                    black_box(project(&view, &ctx));
                 })
             },
         );

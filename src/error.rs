@@ -25,6 +25,10 @@ pub enum GatewayError {
     UpstreamUnreachable,
     #[error("upstream did not answer within {0}")]
     UpstreamTimeout(&'static str),
+    #[error("the artifact store is unavailable")]
+    StoreUnavailable,
+    #[error("the cursor is malformed")]
+    BadCursor,
     #[error("internal error")]
     Internal,
 }
@@ -40,17 +44,22 @@ impl GatewayError {
             GatewayError::NotFound(_) => "not_found",
             GatewayError::UpstreamUnreachable => "upstream_unreachable",
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
+            GatewayError::StoreUnavailable => "store_unavailable",
+            GatewayError::BadCursor => "bad_cursor",
             GatewayError::Internal => "internal",
         }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::BadJson(_) | GatewayError::ClientBody => StatusCode::BAD_REQUEST,
+            GatewayError::BadJson(_) | GatewayError::ClientBody | GatewayError::BadCursor => {
+                StatusCode::BAD_REQUEST
+            }
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoRoute { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -94,6 +103,8 @@ mod tests {
             (GatewayError::NotFound("/x".into()), 404),
             (GatewayError::UpstreamUnreachable, 502),
             (GatewayError::UpstreamTimeout("first byte"), 504),
+            (GatewayError::StoreUnavailable, 503),
+            (GatewayError::BadCursor, 400),
             (GatewayError::Internal, 500),
         ];
         for (err, status) in cases {

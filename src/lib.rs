@@ -10,6 +10,9 @@
 //! - [`server`]: listeners, dispatch, admin endpoints, graceful shutdown.
 //! - [`dialect`]: the three wire APIs; reads a request into a [`projection::RequestView`].
 //! - [`projection`]: the view, the edits, the splice (pure).
+//! - [`exit`]: the text exit: budgets, pages, notices, cursors (pure).
+//! - [`store`]: artifact stores (embedded files; Redis in shared mode).
+//! - [`tenant`]: who calls, as a fingerprint of the credential.
 //! - [`route`]: dialect + model glob → upstream.
 //! - [`upstream`]: pooled client, header policy, streamed relay.
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
@@ -18,8 +21,11 @@
 pub mod config;
 pub mod dialect;
 pub mod error;
+pub mod exit;
 pub mod metrics;
 pub mod projection;
 pub mod route;
 pub mod server;
+pub mod store;
+pub mod tenant;
 pub mod upstream;

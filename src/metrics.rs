@@ -52,6 +52,12 @@ pub struct Metrics {
     pub streams_total: IntCounterVec,
     /// sluice's own error responses by kind.
     pub errors_total: IntCounterVec,
+    /// Tool results stored as new text artifacts (first spill only; repeats are memo hits).
+    pub spills_total: IntCounterVec,
+    /// Bytes of text stored by those spills.
+    pub spilled_bytes_total: IntCounterVec,
+    /// Artifact store operations by op and result.
+    pub artifact_store_seconds: HistogramVec,
 }
 
 impl Metrics {
@@ -105,6 +111,31 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let spills_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_spills_total",
+                "Tool results spilled to new text artifacts.",
+            ),
+            &["dialect", "route"],
+        )?;
+        let spilled_bytes_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_spilled_bytes_total",
+                "Bytes of tool-result text stored as artifacts.",
+            ),
+            &["dialect", "route"],
+        )?;
+        let artifact_store_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_artifact_store_seconds",
+                "Artifact store operations by op and result.",
+            )
+            .buckets(OVERHEAD_BUCKETS.to_vec()),
+            &["op", "result"],
+        )?;
+        registry.register(Box::new(spills_total.clone()))?;
+        registry.register(Box::new(spilled_bytes_total.clone()))?;
+        registry.register(Box::new(artifact_store_seconds.clone()))?;
         registry.register(Box::new(requests_total.clone()))?;
         registry.register(Box::new(request_duration_seconds.clone()))?;
         registry.register(Box::new(upstream_duration_seconds.clone()))?;
@@ -125,6 +156,9 @@ impl Metrics {
             inflight_requests,
             streams_total,
             errors_total,
+            spills_total,
+            spilled_bytes_total,
+            artifact_store_seconds,
         })
     }
 

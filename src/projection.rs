@@ -11,7 +11,10 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::config::RouteConfig;
 use crate::dialect::Dialect;
+use crate::exit::{self, text::Budget};
+use crate::tenant::Tenant;
 
 /// A half-open byte range `[start, end)` in the request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -106,17 +109,46 @@ impl Summary {
     }
 }
 
-/// The result of projecting one request.
+/// The result of projecting one request: pure data, for the caller to act on.
 #[derive(Debug, Default)]
 pub struct Projection {
     pub edits: Vec<Edit>,
     pub summary: Summary,
+    /// Text artifacts to store before the request may be forwarded (T3).
+    pub spills: Vec<exit::Spill>,
+    /// Memo entries to keep once the spills are stored.
+    pub memos: Vec<(u128, exit::Memoized)>,
 }
 
-/// Projects a request. The stages (text exit, media, delivery state) plug in here; with none
-/// active the projection is the identity and the body is forwarded as sent (P1).
-pub fn project(_view: &RequestView<'_>) -> Projection {
-    Projection::default()
+/// What projection needs besides the view: who asks, under which route's policy, and the memo
+/// of earlier projections.
+pub struct Context<'a> {
+    pub tenant: &'a Tenant,
+    pub route: &'a RouteConfig,
+    pub memo: &'a exit::Memo,
+}
+
+/// Projects a request: the text exit (section 3), then the media and delivery stages as they
+/// come. When nothing needs changing the edits are empty and the body is forwarded as sent (P1).
+pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
+    let policy = exit::Policy {
+        tenant: ctx.tenant,
+        budget: Budget {
+            lines: ctx.route.exit.max_lines,
+            units: ctx.route.exit.max_units,
+        },
+        read_tool: &ctx.route.read_tool,
+    };
+    let text = exit::project(view, &policy, ctx.memo);
+    Projection {
+        edits: text.edits,
+        summary: Summary {
+            spilled: text.spilled,
+            ..Summary::default()
+        },
+        spills: text.spills,
+        memos: text.memos,
+    }
 }
 
 /// Edits that cannot be applied together.

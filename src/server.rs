@@ -32,11 +32,18 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::config::StoreBackend;
 use crate::dialect::{Dialect, Family};
 use crate::error::GatewayError;
+use crate::exit::cursor::{Cursor, CursorError};
+use crate::exit::text::Lines;
+use crate::exit::{notice, Memo};
 use crate::metrics::Metrics;
-use crate::projection::{project, splice, Summary};
+use crate::projection::{self, project, splice, Summary};
 use crate::route::RouteTable;
+use crate::store::file::FileStore;
+use crate::store::{ArtifactId, ArtifactKind, Artifacts, Backend};
+use crate::tenant::Tenant;
 use crate::upstream::{self, BoxError, Upstream};
 
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -45,6 +52,8 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 pub const REQUEST_ID: &str = "x-sluice-request-id";
 /// Response header summarising the projection (O3, section 9).
 pub const PROJECTION: &str = "x-sluice-projection";
+/// Response header of the read endpoint: the cursor of the next page.
+pub const NEXT_CURSOR: &str = "x-sluice-next-cursor";
 /// The projection header of a request that nothing was done to.
 const NOTHING_PROJECTED: &str = "spilled=0; embedded=0; deferred=0; refused=0; placeholders=0";
 /// A client must send its request head within this time (slow-loris guard).
@@ -63,6 +72,13 @@ pub enum StartError {
     Client(#[from] reqwest::Error),
     #[error("cannot register metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("store.data_dir: cannot use {path}: {source}")]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("store.backend: {0:?} is not available in this version; use \"embedded\"")]
+    Backend(crate::config::StoreBackend),
 }
 
 /// What every worker shares: configuration, routes, metrics, and whether sluice is draining.
@@ -74,6 +90,8 @@ struct Shared {
     /// Random per process, so request ids are unique across replicas and restarts.
     id_prefix: u64,
     next_id: AtomicU64,
+    artifacts: Artifacts<Backend>,
+    memo: Memo,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -105,6 +123,17 @@ impl Server {
         // Fail at startup, not on the first request, if the client cannot be built.
         Upstream::new(&config.upstream)?;
         let metrics = Arc::new(Metrics::new()?);
+        let backend = match config.store.backend {
+            StoreBackend::Embedded => {
+                let dir = &config.store.data_dir;
+                Backend::File(FileStore::open(dir).map_err(|source| StartError::DataDir {
+                    path: dir.clone(),
+                    source,
+                })?)
+            }
+            other => return Err(StartError::Backend(other)),
+        };
+        let artifacts = Artifacts::new(backend, metrics.clone());
         let proxy = std::net::TcpListener::bind(proxy_addr)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|source| StartError::Bind {
@@ -126,6 +155,8 @@ impl Server {
                 draining: AtomicBool::new(false),
                 id_prefix,
                 next_id: AtomicU64::new(0),
+                artifacts,
+                memo: Memo::default(),
             }),
             proxy,
             admin,
@@ -306,8 +337,8 @@ fn serve_admin(
 ) {
     let shared = shared.clone();
     serve(tasks, graceful, stream, move |req| {
-        let response = shared.admin(&req);
-        async move { response }
+        let shared = shared.clone();
+        async move { shared.admin(&req).await }
     });
 }
 
@@ -397,7 +428,11 @@ impl App {
         let result = if let Some(dialect) = dialect {
             self.projected(dialect, req, start, &mut ctx, inflight)
                 .await
-        } else if path.starts_with("/v1/") && !path.starts_with("/v1/sluice/") {
+        } else if path.starts_with("/v1/sluice/") {
+            drop(inflight);
+            ctx.dialect = "sluice";
+            self.sluice_endpoint(&req, &ctx).await
+        } else if path.starts_with("/v1/") {
             self.pass_through(req, &mut ctx, inflight).await
         } else {
             drop(inflight);
@@ -434,6 +469,7 @@ impl App {
         inflight: InFlight,
     ) -> Result<Response<Body>, GatewayError> {
         let (parts, incoming) = req.into_parts();
+        let tenant = Tenant::from_headers(&parts.headers);
         let body = read_body(incoming, &parts.headers, self.config.max_body_bytes).await?;
         let read_at = Instant::now();
         let view = dialect
@@ -448,8 +484,42 @@ impl App {
                 model: model.chars().take(200).collect(),
             })?;
         ctx.route.clone_from(&route.config.name);
-        let projection = project(&view);
+        let projection = project(
+            &view,
+            &projection::Context {
+                tenant: &tenant,
+                route: &route.config,
+                memo: &self.memo,
+            },
+        );
         drop(view);
+        // The artifacts must be durable before the model is shown a reference to them (T3):
+        // if they cannot be stored, the request fails rather than go out with a broken cursor.
+        let mut stored_bytes = 0u64;
+        for spill in &projection.spills {
+            self.artifacts
+                .put(&tenant, &spill.id, spill.text.clone())
+                .await
+                .map_err(|e| {
+                    tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store a spilled tool result");
+                    GatewayError::StoreUnavailable
+                })?;
+            stored_bytes += spill.text.len() as u64;
+        }
+        if !projection.spills.is_empty() {
+            let labels = [ctx.dialect, route.config.name.as_str()];
+            self.metrics
+                .spills_total
+                .with_label_values(&labels)
+                .inc_by(projection.spills.len() as u64);
+            self.metrics
+                .spilled_bytes_total
+                .with_label_values(&labels)
+                .inc_by(stored_bytes);
+        }
+        for (key, value) in projection.memos {
+            self.memo.insert(key, value);
+        }
         let forwarded = splice(&body, projection.edits).map_err(|e| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
             GatewayError::Internal
@@ -552,6 +622,79 @@ impl App {
         response
     }
 
+    /// sluice's own endpoints (section 9): `GET /v1/sluice/artifacts/{id}` and
+    /// `GET /v1/sluice/read?cursor=…`. Only the creating tenant gets anything; everyone else gets
+    /// 404, never a hint that the artifact exists (S3). Reading never makes an artifact (T6).
+    async fn sluice_endpoint(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &Context,
+    ) -> Result<Response<Body>, GatewayError> {
+        let path = req.uri().path();
+        let not_found = || GatewayError::NotFound(path.to_string());
+        if req.method() != Method::GET {
+            return Err(not_found());
+        }
+        let tenant = Tenant::from_headers(req.headers());
+        let store_error = |e: crate::store::StoreError| {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "artifact read failed");
+            GatewayError::StoreUnavailable
+        };
+        if let Some(id) = path.strip_prefix("/v1/sluice/artifacts/") {
+            let id = ArtifactId::parse(id).ok_or_else(not_found)?;
+            let bytes = self
+                .artifacts
+                .get(&tenant, &id)
+                .await
+                .map_err(store_error)?
+                .ok_or_else(not_found)?;
+            let content_type = match id.kind {
+                ArtifactKind::Text => "text/plain; charset=utf-8",
+                ArtifactKind::Media => "application/octet-stream",
+            };
+            return Ok(plain(StatusCode::OK, content_type, bytes));
+        }
+        if path != "/v1/sluice/read" {
+            return Err(not_found());
+        }
+        let cursor = url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .find(|(k, _)| k == "cursor")
+            .map(|(_, v)| v.into_owned())
+            .ok_or(GatewayError::BadCursor)?;
+        let cursor = Cursor::decode(&cursor, &tenant).map_err(|e| match e {
+            CursorError::Malformed => GatewayError::BadCursor,
+            CursorError::Foreign => not_found(),
+        })?;
+        let bytes = self
+            .artifacts
+            .get(&tenant, &cursor.artifact)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(not_found)?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| GatewayError::Internal)?;
+        let read_tool = self
+            .routes
+            .select_family(ctx.family)
+            .map_or("sluice_read", |r| r.config.read_tool.as_str());
+        let page = notice::render(
+            &Lines::new(text),
+            &cursor.artifact,
+            &tenant,
+            cursor.at,
+            cursor.budget,
+            read_tool,
+        );
+        let mut response = plain(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            Bytes::from(page.text),
+        );
+        if let Some(next) = page.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+            response.headers_mut().insert(NEXT_CURSOR, next);
+        }
+        Ok(response)
+    }
+
     fn error_response(&self, ctx: &Context, err: &GatewayError) -> Response<Body> {
         self.metrics
             .errors_total
@@ -574,7 +717,7 @@ impl App {
 
 impl Shared {
     /// The admin listener: `/healthz`, `/readyz`, `/metrics` (O2).
-    fn admin(&self, req: &Request<Incoming>) -> Response<Body> {
+    async fn admin(&self, req: &Request<Incoming>) -> Response<Body> {
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
             (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", Bytes::from("ok\n")),
             (&Method::GET, "/readyz") if self.draining.load(Ordering::SeqCst) => (
@@ -582,7 +725,17 @@ impl Shared {
                 "text/plain",
                 Bytes::from("draining\n"),
             ),
-            (&Method::GET, "/readyz") => (StatusCode::OK, "text/plain", Bytes::from("ready\n")),
+            (&Method::GET, "/readyz") => match self.artifacts.check().await {
+                Ok(()) => (StatusCode::OK, "text/plain", Bytes::from("ready\n")),
+                Err(e) => {
+                    tracing::warn!(error = %e, "not ready: the store cannot be written");
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        Bytes::from("store unavailable\n"),
+                    )
+                }
+            },
             (&Method::GET, "/metrics") => (
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -661,6 +814,16 @@ async fn drain(mut incoming: Incoming) {
         }
     })
     .await;
+}
+
+fn plain(status: StatusCode, content_type: &'static str, bytes: Bytes) -> Response<Body> {
+    let mut response = Response::new(full(bytes));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type),
+    );
+    response
 }
 
 fn full(bytes: Bytes) -> Body {

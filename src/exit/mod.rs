@@ -1,0 +1,343 @@
+//! The unified model exit for text (SPEC section 3): a tool result over the route's budget is
+//! stored whole as a text artifact, and the model sees its first page and a notice with a
+//! cursor. Pure: it returns the edits, the artifacts to store, and the memo entries to keep once
+//! they are stored; the caller does the I/O.
+//!
+//! Agents resend their whole history every turn, so each result is looked up by a hash of its
+//! raw JSON bytes first: a result already projected costs a hash and a cache hit (T7 makes the
+//! cached answer the right one). A result that obviously fits costs not even that.
+
+pub mod cursor;
+pub mod notice;
+pub mod text;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::dialect::Dialect;
+use crate::projection::{Edit, RequestView, ToolResult};
+use crate::store::{ArtifactId, ArtifactKind};
+use crate::tenant::Tenant;
+use text::{fits, utf16_len, Budget, Lines, Position};
+
+/// Projected tool results kept in memory, by a hash of everything the projection depends on.
+/// Bounded by the bytes of the replacements.
+const MEMO_BYTES: u64 = 16 * 1024 * 1024;
+
+/// What a tool result becomes: `None` when it fits as it is, else the replacement JSON value.
+pub type Memoized = Option<Bytes>;
+
+/// The memo of projected tool results, shared by all workers.
+pub struct Memo {
+    cache: moka::sync::Cache<u128, Memoized>,
+    seed: u64,
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Self {
+            cache: moka::sync::Cache::builder()
+                .max_capacity(MEMO_BYTES)
+                .weigher(|_, v: &Memoized| {
+                    u32::try_from(v.as_ref().map_or(0, Bytes::len) + 32).unwrap_or(u32::MAX)
+                })
+                .build(),
+            // Per process: the memo never leaves it, and a random seed keeps its keys unguessable.
+            seed: uuid::Uuid::new_v4().as_u64_pair().0,
+        }
+    }
+}
+
+impl Memo {
+    pub fn insert(&self, key: u128, value: Memoized) {
+        self.cache.insert(key, value);
+    }
+}
+
+/// What the text exit needs to know about a request besides its view.
+pub struct Policy<'a> {
+    pub tenant: &'a Tenant,
+    pub budget: Budget,
+    pub read_tool: &'a str,
+}
+
+/// A text artifact to store before the request may go upstream.
+#[derive(Debug, Clone)]
+pub struct Spill {
+    pub id: ArtifactId,
+    pub text: Bytes,
+}
+
+/// The text exit's part of a projection.
+#[derive(Debug, Default)]
+pub struct TextExit {
+    pub edits: Vec<Edit>,
+    /// Tool results shown as a page this request (new or remembered).
+    pub spilled: usize,
+    /// Artifacts first made by this request.
+    pub spills: Vec<Spill>,
+    /// Memo entries to keep once the spills are stored.
+    pub memos: Vec<(u128, Memoized)>,
+}
+
+pub fn project(view: &RequestView<'_>, policy: &Policy<'_>, memo: &Memo) -> TextExit {
+    let mut out = TextExit::default();
+    for result in &view.tool_results {
+        let raw = result.content.get();
+        if obviously_fits(raw, policy.budget) {
+            continue;
+        }
+        let key = memo_key(memo.seed, view.dialect, policy, raw);
+        let replacement = match memo.cache.get(&key) {
+            Some(known) => known,
+            None => {
+                let (value, spill) = project_result(view.dialect, result, policy);
+                if let Some(spill) = spill {
+                    out.spills.push(spill);
+                }
+                out.memos.push((key, value.clone()));
+                value
+            }
+        };
+        if let Some(with) = replacement {
+            out.spilled += 1;
+            out.edits.push(Edit {
+                span: result.span,
+                with,
+            });
+        }
+    }
+    out
+}
+
+/// A cheap, conservative test on the raw JSON: a string of at most `units` raw bytes has at
+/// most that many UTF-16 units, and it has at most one line more than it has `\n` escapes.
+fn obviously_fits(raw: &str, budget: Budget) -> bool {
+    raw.starts_with('"')
+        && raw.len() - 2 <= budget.units
+        && memchr::memmem::find_iter(raw.as_bytes(), b"\\n").count() < budget.lines
+}
+
+fn memo_key(seed: u64, dialect: Dialect, policy: &Policy<'_>, raw: &str) -> u128 {
+    let mut h = Xxh3::with_seed(seed);
+    h.update(policy.tenant.key());
+    h.update(&(policy.budget.lines as u64).to_le_bytes());
+    h.update(&(policy.budget.units as u64).to_le_bytes());
+    h.update(policy.read_tool.as_bytes());
+    h.update(&[0, dialect as u8]);
+    h.update(raw.as_bytes());
+    h.digest128()
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    cache_control: Option<&'a RawValue>,
+}
+
+fn is_text_part(kind: Option<&str>) -> bool {
+    matches!(kind, Some("text" | "input_text" | "output_text"))
+}
+
+/// The tool result's text and, for an array, its parts: text parts are budgeted as one text,
+/// joined by newlines (SPEC section 3); other parts are kept as they are.
+fn read_content<'a>(content: &'a RawValue) -> Option<(Cow<'a, str>, Option<Vec<&'a RawValue>>)> {
+    let raw = content.get();
+    if raw.starts_with('"') {
+        return Some((serde_json::from_str::<Cow<str>>(raw).ok()?, None));
+    }
+    let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+    let mut texts = Vec::new();
+    for part in &parts {
+        let p: Part = serde_json::from_str(part.get()).ok()?;
+        if is_text_part(p.kind.as_deref()) {
+            texts.push(p.text.unwrap_or_default());
+        }
+    }
+    let text = if texts.len() == 1 {
+        texts.swap_remove(0)
+    } else {
+        Cow::Owned(texts.join("\n"))
+    };
+    Some((text, Some(parts)))
+}
+
+/// Projects one tool result: `(None, None)` when it fits; else its replacement and its spill.
+fn project_result(
+    dialect: Dialect,
+    result: &ToolResult<'_>,
+    policy: &Policy<'_>,
+) -> (Memoized, Option<Spill>) {
+    let Some((text, parts)) = read_content(result.content) else {
+        return (None, None);
+    };
+    let lines = Lines::new(&text);
+    if fits(utf16_len(&text), lines.count(), policy.budget) {
+        return (None, None);
+    }
+    let id = ArtifactId::for_content(policy.tenant, ArtifactKind::Text, text.as_bytes());
+    let page = notice::render(
+        &lines,
+        &id,
+        policy.tenant,
+        Position::default(),
+        policy.budget,
+        policy.read_tool,
+    );
+    let page_json = serde_json::Value::String(page.text).to_string();
+    let replacement = match parts {
+        None => page_json,
+        Some(parts) => replace_parts(dialect, &parts, &page_json),
+    };
+    let spill = Spill {
+        id,
+        text: Bytes::from(text.into_owned()),
+    };
+    (Some(Bytes::from(replacement)), Some(spill))
+}
+
+/// The new content array: one text part holding the page (in the dialect's part type, with the
+/// `cache_control` of the last text part, if any), then the non-text parts as they were.
+fn replace_parts(dialect: Dialect, parts: &[&RawValue], page_json: &str) -> String {
+    let kind = match dialect {
+        Dialect::OpenAiResponses => "input_text",
+        Dialect::OpenAiChat | Dialect::AnthropicMessages => "text",
+    };
+    let mut cache_control = None;
+    let mut others = Vec::new();
+    for part in parts {
+        match serde_json::from_str::<Part>(part.get()) {
+            Ok(p) if is_text_part(p.kind.as_deref()) => {
+                if p.cache_control.is_some() {
+                    cache_control = p.cache_control;
+                }
+            }
+            _ => others.push(part.get()),
+        }
+    }
+    let mut out = format!("[{{\"type\":\"{kind}\",\"text\":{page_json}");
+    if let Some(cc) = cache_control {
+        out.push_str(",\"cache_control\":");
+        out.push_str(cc.get());
+    }
+    out.push('}');
+    for other in others {
+        out.push(',');
+        out.push_str(other);
+    }
+    out.push(']');
+    out
+}
+
+/// Shared handle to the memo, as the server keeps it.
+pub type SharedMemo = Arc<Memo>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::projection::splice;
+
+    fn policy(tenant: &Tenant) -> Policy<'_> {
+        Policy {
+            tenant,
+            budget: Budget {
+                lines: 20,
+                units: 2000,
+            },
+            read_tool: "sluice_read",
+        }
+    }
+
+    fn chat(content: &str) -> String {
+        serde_json::json!({"model": "m", "messages": [
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": content},
+        ]})
+        .to_string()
+    }
+
+    #[test]
+    fn results_within_budget_are_untouched_t3() {
+        let t = Tenant::from_credential(b"k");
+        let body = chat("short\noutput");
+        let view = Dialect::OpenAiChat.read_view(body.as_bytes()).unwrap();
+        let out = project(&view, &policy(&t), &Memo::default());
+        assert!(out.edits.is_empty() && out.spills.is_empty());
+        // Exactly at the line budget, with escapes that make the raw text long: still fits.
+        let text: String = (0..20).map(|i| format!("é{i}\n")).collect();
+        let body = chat(&text);
+        let view = Dialect::OpenAiChat.read_view(body.as_bytes()).unwrap();
+        let out = project(&view, &policy(&t), &Memo::default());
+        assert!(out.edits.is_empty(), "20 lines fit a 20-line budget");
+    }
+
+    #[test]
+    fn a_long_result_is_spilled_and_remembered() {
+        let t = Tenant::from_credential(b"k");
+        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let body = bytes::Bytes::from(chat(&text));
+        let memo = Memo::default();
+        let view = Dialect::OpenAiChat.read_view(&body).unwrap();
+        let first = project(&view, &policy(&t), &memo);
+        assert_eq!(
+            (first.spilled, first.spills.len(), first.memos.len()),
+            (1, 1, 1)
+        );
+        assert_eq!(&first.spills[0].text[..], text.as_bytes());
+        for (k, v) in &first.memos {
+            memo.insert(*k, v.clone());
+        }
+        let again = project(&view, &policy(&t), &memo);
+        assert_eq!(again.spilled, 1);
+        assert!(
+            again.spills.is_empty() && again.memos.is_empty(),
+            "a memo hit stores nothing"
+        );
+        assert_eq!(again.edits, first.edits, "T7: identical bytes");
+        let out = splice(&body, first.edits).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let shown = v["messages"][1]["content"].as_str().unwrap();
+        assert!(shown.starts_with("line 0\n"));
+        assert_eq!(shown.lines().count(), 20);
+        assert!(shown.contains(&format!("artifact://{}", first.spills[0].id)));
+    }
+
+    #[test]
+    fn text_parts_are_budgeted_as_one_text_and_other_parts_kept() {
+        let t = Tenant::from_credential(b"k");
+        let a: String = (0..15).map(|i| format!("a{i}\n")).collect();
+        let b: String = (0..15).map(|i| format!("b{i}\n")).collect();
+        let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": a},
+                {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+                {"type": "text", "text": b, "cache_control": {"type": "ephemeral"}}
+            ]}
+        ]}]})
+        .to_string();
+        let body = bytes::Bytes::from(body);
+        let view = Dialect::AnthropicMessages.read_view(&body).unwrap();
+        let out = project(&view, &policy(&t), &Memo::default());
+        assert_eq!(out.spilled, 1);
+        assert_eq!(
+            std::str::from_utf8(&out.spills[0].text).unwrap(),
+            format!("{a}\n{b}")
+        );
+        let spliced = splice(&body, out.edits).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&spliced).unwrap();
+        let content = &v["messages"][0]["content"][0]["content"];
+        assert_eq!(content.as_array().unwrap().len(), 2);
+        assert_eq!(content[0]["type"], "text");
+        assert_eq!(content[0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(content[1]["type"], "image");
+    }
+}

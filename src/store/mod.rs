@@ -1,0 +1,279 @@
+//! Stores at the edge of sluice: artifacts (immutable, content-addressed, tenant-scoped blobs,
+//! SPEC section 1, S1-S3) behind [`ArtifactStore`], with a bounded cache in front.
+//!
+//! Backends: [`file::FileStore`] (embedded default, files under `store.data_dir`); the Redis
+//! backend of shared mode implements the same trait.
+
+pub mod file;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use crate::metrics::Metrics;
+use crate::tenant::Tenant;
+
+/// Bytes of artifacts kept in memory in front of the store: pages of recently spilled results
+/// are read from here. Bounded, so a burst of large artifacts cannot grow memory without limit.
+const ARTIFACT_CACHE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// What an artifact holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArtifactKind {
+    /// UTF-8 text (a spilled tool result).
+    Text,
+    /// Image bytes (their type is read from the bytes).
+    Media,
+}
+
+/// An artifact's name: its kind and a digest of tenant and content (S3: it reveals neither).
+/// Written `t…` or `m…` plus 32 URL-safe base64 characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ArtifactId {
+    pub kind: ArtifactKind,
+    digest: [u8; 24],
+}
+
+pub const ARTIFACT_ID_LEN: usize = 33;
+
+impl ArtifactId {
+    /// The id of `content` stored by `tenant`: the same bytes under two tenants are two
+    /// artifacts; the same bytes under one tenant are one, on every replica (T7, M4).
+    pub fn for_content(tenant: &Tenant, kind: ArtifactKind, content: &[u8]) -> ArtifactId {
+        let mut h = Sha256::new();
+        h.update(tenant.key());
+        h.update(match kind {
+            ArtifactKind::Text => b"text\0",
+            ArtifactKind::Media => b"media",
+        });
+        h.update(content);
+        let full = h.finalize();
+        let mut digest = [0u8; 24];
+        digest.copy_from_slice(&full[..24]);
+        ArtifactId { kind, digest }
+    }
+
+    pub fn digest(&self) -> &[u8; 24] {
+        &self.digest
+    }
+
+    pub fn from_parts(kind: ArtifactKind, digest: [u8; 24]) -> ArtifactId {
+        ArtifactId { kind, digest }
+    }
+
+    /// Parses the written form; `None` for anything that is not exactly an id.
+    pub fn parse(s: &str) -> Option<ArtifactId> {
+        if s.len() != ARTIFACT_ID_LEN {
+            return None;
+        }
+        let kind = match s.as_bytes()[0] {
+            b't' => ArtifactKind::Text,
+            b'm' => ArtifactKind::Media,
+            _ => return None,
+        };
+        let bytes = URL_SAFE_NO_PAD.decode(&s[1..]).ok()?;
+        let digest: [u8; 24] = bytes.try_into().ok()?;
+        Some(ArtifactId { kind, digest })
+    }
+}
+
+impl std::fmt::Display for ArtifactId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let prefix = match self.kind {
+            ArtifactKind::Text => 't',
+            ArtifactKind::Media => 'm',
+        };
+        write!(f, "{prefix}{}", URL_SAFE_NO_PAD.encode(self.digest))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("store task failed")]
+    Task,
+}
+
+/// A backend for artifacts. Every method is scoped by tenant: a tenant never reaches another
+/// tenant's artifacts, whatever id it names (S3).
+pub trait ArtifactStore: Send + Sync + 'static {
+    /// Stores `bytes` as artifact `id` of `tenant`. Idempotent: storing the same id twice keeps
+    /// one artifact. `Ok(())` means the bytes are durable.
+    fn put(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        bytes: Bytes,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// The artifact's bytes; `Ok(None)` when this tenant has no such artifact.
+    fn get(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
+    /// Bytes `range` of the artifact (clamped to its length); `Ok(None)` when there is none.
+    fn get_range(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        range: std::ops::Range<usize>,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        async move {
+            Ok(self.get(tenant, id).await?.map(|bytes| {
+                let end = range.end.min(bytes.len());
+                bytes.slice(range.start.min(end)..end)
+            }))
+        }
+    }
+    /// Whether this tenant has the artifact.
+    fn exists(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// `Ok(())` while the store can be written (readiness, O2).
+    fn check(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The configured backend.
+pub enum Backend {
+    File(file::FileStore),
+}
+
+impl ArtifactStore for Backend {
+    async fn put(&self, tenant: &Tenant, id: &ArtifactId, bytes: Bytes) -> Result<(), StoreError> {
+        match self {
+            Backend::File(s) => s.put(tenant, id, bytes).await,
+        }
+    }
+
+    async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
+        match self {
+            Backend::File(s) => s.get(tenant, id).await,
+        }
+    }
+
+    async fn exists(&self, tenant: &Tenant, id: &ArtifactId) -> Result<bool, StoreError> {
+        match self {
+            Backend::File(s) => s.exists(tenant, id).await,
+        }
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        match self {
+            Backend::File(s) => s.check().await,
+        }
+    }
+}
+
+/// The artifact store sluice uses: a backend with a bounded cache of recent artifacts in front.
+pub struct Artifacts<S> {
+    backend: S,
+    cache: moka::sync::Cache<(String, ArtifactId), Bytes>,
+    metrics: Arc<Metrics>,
+}
+
+impl<S: ArtifactStore> Artifacts<S> {
+    pub fn new(backend: S, metrics: Arc<Metrics>) -> Self {
+        let cache = moka::sync::Cache::builder()
+            .max_capacity(ARTIFACT_CACHE_BYTES)
+            .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
+            .build();
+        Self {
+            backend,
+            cache,
+            metrics,
+        }
+    }
+
+    pub async fn put(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        bytes: Bytes,
+    ) -> Result<(), StoreError> {
+        let key = (tenant.namespace(), *id);
+        if self.cache.contains_key(&key) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let result = self.backend.put(tenant, id, bytes.clone()).await;
+        self.observe("put", start, result.is_ok());
+        result?;
+        self.cache.insert(key, bytes);
+        Ok(())
+    }
+
+    pub async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
+        let key = (tenant.namespace(), *id);
+        if let Some(bytes) = self.cache.get(&key) {
+            return Ok(Some(bytes));
+        }
+        let start = Instant::now();
+        let result = self.backend.get(tenant, id).await;
+        self.observe("get", start, result.is_ok());
+        let found = result?;
+        if let Some(bytes) = &found {
+            self.cache.insert(key, bytes.clone());
+        }
+        Ok(found)
+    }
+
+    pub async fn check(&self) -> Result<(), StoreError> {
+        self.backend.check().await
+    }
+
+    fn observe(&self, op: &str, start: Instant, ok: bool) {
+        self.metrics
+            .artifact_store_seconds
+            .with_label_values(&[op, if ok { "ok" } else { "error" }])
+            .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_url_safe_tenant_scoped_and_round_trip() {
+        let a = Tenant::from_credential(b"a");
+        let b = Tenant::from_credential(b"b");
+        let id = ArtifactId::for_content(&a, ArtifactKind::Text, b"hello");
+        let s = id.to_string();
+        assert_eq!(s.len(), ARTIFACT_ID_LEN);
+        assert!(s.starts_with('t'));
+        assert!(s
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        assert_eq!(ArtifactId::parse(&s), Some(id));
+        assert_eq!(
+            id,
+            ArtifactId::for_content(&a, ArtifactKind::Text, b"hello")
+        );
+        assert_ne!(
+            id,
+            ArtifactId::for_content(&b, ArtifactKind::Text, b"hello")
+        );
+        assert_ne!(
+            id,
+            ArtifactId::for_content(&a, ArtifactKind::Media, b"hello")
+        );
+        for bad in [
+            "",
+            "x",
+            &s[1..],
+            &format!("x{}", &s[1..]),
+            &format!("{s}A"),
+            "t../../../etc/passwd_______________",
+        ] {
+            assert_eq!(ArtifactId::parse(bad), None, "{bad}");
+        }
+    }
+}

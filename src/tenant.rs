@@ -1,0 +1,83 @@
+//! Tenants (SPEC section 1, S3, S4): who calls, as a SHA-256 fingerprint of the credential. The
+//! credential itself is never kept; the fingerprint is never printed.
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+/// A caller, identified by a fingerprint of its credential.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Tenant([u8; 32]);
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tenant(<redacted>)")
+    }
+}
+
+impl Tenant {
+    /// The tenant of a request: its `x-api-key`, else its `Authorization` bearer token (the
+    /// same key sent either way is the same tenant), else the anonymous tenant.
+    pub fn from_headers(headers: &HeaderMap) -> Tenant {
+        let credential = headers
+            .get("x-api-key")
+            .map(|v| v.as_bytes())
+            .or_else(|| {
+                headers.get(http::header::AUTHORIZATION).map(|v| {
+                    let v = v.as_bytes();
+                    match v.get(..7) {
+                        Some(prefix) if prefix.eq_ignore_ascii_case(b"bearer ") => &v[7..],
+                        _ => v,
+                    }
+                })
+            })
+            .unwrap_or_default();
+        Tenant::from_credential(credential)
+    }
+
+    pub fn from_credential(credential: &[u8]) -> Tenant {
+        let mut h = Sha256::new();
+        h.update(b"sluice-tenant\0");
+        h.update(credential.trim_ascii());
+        Tenant(h.finalize().into())
+    }
+
+    /// Key material for tenant-scoped MACs and ids. Never leaves the process.
+    pub fn key(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A name for the tenant's storage namespace; reveals neither credential nor fingerprint.
+    pub fn namespace(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(b"sluice-namespace\0");
+        h.update(self.0);
+        let digest = h.finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn one_key_one_tenant_however_it_is_sent() {
+        let a = Tenant::from_headers(&headers(&[("x-api-key", "sk-1")]));
+        let b = Tenant::from_headers(&headers(&[("authorization", "Bearer sk-1")]));
+        let c = Tenant::from_headers(&headers(&[("authorization", "bearer sk-2")]));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, Tenant::from_headers(&HeaderMap::new()));
+        assert_eq!(format!("{a:?}"), "Tenant(<redacted>)");
+        assert_eq!(a.namespace().len(), 32);
+        assert!(!a.namespace().contains("sk-1"));
+    }
+}
