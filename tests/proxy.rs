@@ -1,6 +1,8 @@
 //! End-to-end: the real `sluice` binary in front of the mock provider. Pass-through (P1-P5),
 //! errors (P4), streaming (P3), credentials (S4), metrics and operation (O2-O5).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! mock provider (foundation issue; SPEC P1-P4). Needs the SDK virtualenv: run
 //! `tests/sdk/run.sh`, which creates it and runs this test; `.ci/run` does.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
 mod common;
 
 use common::{config_for, MockUpstream, Sluice};

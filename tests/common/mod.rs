@@ -210,3 +210,33 @@ pub fn client() -> reqwest::Client {
 pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+/// A realistic tool output of about `bytes` bytes: a build and test log with warnings, code
+/// excerpts, non-ASCII text (accents, CJK, emoji outside the BMP), CRLF lines, blank lines, and
+/// one minified JSON line far longer than a page. Deterministic.
+pub fn tool_output(bytes: usize) -> String {
+    let mut out = String::with_capacity(bytes + 4096);
+    let mut i = 0usize;
+    while out.len() < bytes {
+        match i % 50 {
+            0 => out.push_str(&format!("   Compiling crate-{i} v0.{}.0 (/work/crates/crate-{i})\n", i % 7)),
+            1..=3 => out.push_str(&format!(
+                "warning: unused variable: `résumé_{i}`\n  --> src/lib.rs:{}:9\n   |\n{:>3} |     let résumé_{i} = \"日本語 😀 {i}\";\n   |         ^^^^^^^^ help: prefix it with an underscore\n\n",
+                i * 3,
+                i * 3
+            )),
+            4 => out.push_str("\r\nrunning 12 tests\r\n"),
+            5 => {
+                // One very long line: a minified JSON document.
+                out.push_str("{\"results\":[");
+                for j in 0..1200 {
+                    out.push_str(&format!("{{\"id\":{j},\"name\":\"test_{j}\",\"ok\":{},\"ms\":{}.{}}},", j % 13 != 0, j % 97, j % 10));
+                }
+                out.push_str("{}]}\n");
+            }
+            _ => out.push_str(&format!("test tests::case_{i} ... ok\n")),
+        }
+        i += 1;
+    }
+    out
+}
