@@ -1,23 +1,19 @@
 //! The official OpenAI and Anthropic Python SDKs, streamed and not, through sluice against the
-//! mock provider (foundation issue; SPEC P1-P4). Needs the SDK virtualenv: run
+//! mock provider (foundation issue, SPEC P1-P4; text exit, section 3). Needs the SDK virtualenv: run
 //! `tests/sdk/run.sh`, which creates it and runs this test; `.ci/run` does.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
 mod common;
 
-use common::{config_for, MockUpstream, Sluice};
+use common::{client, config_for, tool_output, MockUpstream, Sluice};
+use serde_json::Value;
 
-#[test]
-#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
-fn official_sdks_work_through_sluice() {
+/// Runs tests/sdk/check.py against `sluice` with `extra` arguments; panics with its output if
+/// any check failed.
+fn run_script(sluice: &Sluice, extra: &[&str]) {
     let python = std::env::var("SLUICE_SDK_PYTHON")
         .expect("SLUICE_SDK_PYTHON names the virtualenv's python (tests/sdk/run.sh sets it)");
-    let mock = MockUpstream::start();
-    // OpenAI models limited to gpt-*, so the script can meet sluice's own 404 (P4).
-    let config =
-        config_for(&mock.base_url(), "").replacen("models = [\"*\"]", "models = [\"gpt-*\"]", 1);
-    let sluice = Sluice::start(&config);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/check.py");
     let out = std::process::Command::new(python)
         .arg(script)
@@ -25,6 +21,7 @@ fn official_sdks_work_through_sluice() {
         .arg(sluice.url("/v1"))
         .arg("--anthropic-base")
         .arg(sluice.url(""))
+        .args(extra)
         .output()
         .expect("run the SDK script");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -35,6 +32,17 @@ fn official_sdks_work_through_sluice() {
         "SDK checks failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("all SDK checks passed"));
+}
+
+#[test]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+fn official_sdks_work_through_sluice() {
+    let mock = MockUpstream::start();
+    // OpenAI models limited to gpt-*, so the script can meet sluice's own 404 (P4).
+    let config =
+        config_for(&mock.base_url(), "").replacen("models = [\"*\"]", "models = [\"gpt-*\"]", 1);
+    let sluice = Sluice::start(&config);
+    run_script(&sluice, &[]);
     // Every SDK call reached the mock, through the dialect's own path, with the SDK's headers.
     let requests = mock.requests();
     let count = |path: &str| requests.iter().filter(|r| r.uri.starts_with(path)).count();
@@ -59,4 +67,107 @@ fn official_sdks_work_through_sluice() {
         .iter()
         .filter(|r| r.uri.starts_with("/v1/chat") || r.uri.starts_with("/v1/responses"))
         .all(|r| r.headers["authorization"] == "Bearer sk-test"));
+}
+
+/// The tool result text each request carried, by dialect.
+fn tool_text(uri: &str, body: &Value) -> String {
+    let v = match uri {
+        "/v1/chat/completions" => &body["messages"][2]["content"],
+        "/v1/responses" => &body["input"][2]["output"],
+        _ => &body["messages"][2]["content"][0]["content"],
+    };
+    v.as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// Text exit (SPEC section 3) with the official SDKs: a 350 KB tool output reaches the mock
+/// within budget with a working cursor, the artifact endpoint returns it whole, another tenant
+/// gets 404, and the projection is identical after a restart.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+async fn official_sdks_see_long_tool_output_as_a_page_and_a_cursor() {
+    let mock = MockUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let output = tool_output(350_000);
+    let file = dir.path().join("output.txt");
+    std::fs::write(&file, &output).unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let config = config_for(&mock.base_url(), "");
+    let env = [("SLUICE_STORE__DATA_DIR", data)];
+    let file = file.to_str().unwrap().to_string();
+    let first = {
+        let sluice = Sluice::start_with(&config, &env);
+        let s = &sluice;
+        tokio::task::block_in_place(|| run_script(s, &["--text-exit", &file]));
+        let requests = mock.requests();
+        assert_eq!(requests.len(), 5);
+        for r in &requests {
+            let shown = tool_text(&r.uri, &r.json());
+            assert!(
+                shown.encode_utf16().count() <= 30_000,
+                "{}: {} units",
+                r.uri,
+                shown.encode_utf16().count()
+            );
+            assert!(shown.lines().count() <= 2000);
+            assert!(
+                shown.contains("{\"cursor\":\""),
+                "{}: a cursor to read on",
+                r.uri
+            );
+            let at = shown.rfind("artifact://").unwrap() + 11;
+            let id: String = shown[at..].chars().take(33).collect();
+            let key = if r.uri.starts_with("/v1/messages") {
+                "sk-ant-test"
+            } else {
+                "sk-test"
+            };
+            let whole = client()
+                .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(whole.status(), 200);
+            assert_eq!(
+                whole.text().await.unwrap(),
+                output,
+                "the artifact is the whole output"
+            );
+            let other = client()
+                .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+                .bearer_auth("sk-other")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(other.status(), 404, "S3");
+            let cursor = shown[shown.rfind("{\"cursor\":\"").unwrap() + 11..]
+                .split('"')
+                .next()
+                .unwrap()
+                .to_string();
+            let next = client()
+                .get(sluice.url(&format!("/v1/sluice/read?cursor={cursor}")))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(next.status(), 200, "the cursor works");
+        }
+        requests
+    };
+    let sluice = Sluice::start_with(&config, &env);
+    let s = &sluice;
+    tokio::task::block_in_place(|| run_script(s, &["--text-exit", &file]));
+    let again = &mock.requests()[5..];
+    for (a, b) in first.iter().zip(again) {
+        assert_eq!(
+            tool_text(&a.uri, &a.json()),
+            tool_text(&b.uri, &b.json()),
+            "{}: identical after a restart",
+            a.uri
+        );
+    }
 }

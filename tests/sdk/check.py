@@ -137,13 +137,50 @@ def messages(client):
         expect(e.status_code == 529, "messages: provider 529 reaches the SDK")
 
 
+def text_exit(oa, an, output):
+    """A long tool output in each dialect's history, streamed and not (SPEC section 3). The
+    Rust side checks what reached the provider."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "run the tests"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+    ]
+    r = oa.chat.completions.create(model="gpt-4o", messages=history)
+    expect(r.choices[0].message.content == "Hello from the mock.", "text exit: chat")
+    with oa.chat.completions.stream(model="gpt-4o", messages=history) as stream:
+        stream.get_final_completion()
+    expect(True, "text exit: chat streamed")
+    r = oa.responses.create(model="gpt-5", input=[
+        {"role": "user", "content": "run the tests"},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": output},
+    ])
+    expect(r.status == "completed", "text exit: responses")
+    messages = [
+        {"role": "user", "content": "run the tests"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": output}]},
+    ]
+    m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)
+    expect(m.content[0].text == "Hello from the mock.", "text exit: messages")
+    with an.messages.stream(model="claude-sonnet-4-5", max_tokens=64, messages=messages) as stream:
+        expect(stream.get_final_text() == "Hello from the mock.", "text exit: messages streamed")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--openai-base", required=True)
     parser.add_argument("--anthropic-base", required=True)
+    parser.add_argument("--text-exit", help="file holding a long tool output; run only those checks")
     args = parser.parse_args()
     oa = openai.OpenAI(base_url=args.openai_base, api_key="sk-test", max_retries=0)
     an = anthropic.Anthropic(base_url=args.anthropic_base, api_key="sk-ant-test", max_retries=0)
+    if args.text_exit:
+        with open(args.text_exit, encoding="utf-8", newline="") as f:  # keep CRLF as sent
+            text_exit(oa, an, f.read())
+        print("all SDK checks passed")
+        return
     chat(oa)
     chat_errors(args.openai_base)
     responses(oa)
