@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, config_for, metric, MockUpstream, Reply, Sluice};
+use common::{client, config_for, metric, post, MockUpstream, Reply, Sluice};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
@@ -68,21 +68,11 @@ async fn responses_pass_through_unchanged_with_status_and_error_bodies_p3() {
         Reply::Status(429, provider_error.into()),
     ]);
     let body = json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client()
-        .post(sluice.url(MESSAGES))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, MESSAGES, &body).await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["content"][0]["text"], "exact answer");
-    let resp = client()
-        .post(sluice.url(MESSAGES))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, MESSAGES, &body).await;
     assert_eq!(resp.status(), 429);
     assert_eq!(
         resp.text().await.unwrap(),
@@ -98,12 +88,7 @@ async fn streams_arrive_chunk_by_chunk_with_done_kept_p3() {
     mock.script([Reply::Gate { events: 2 }]);
     let body =
         json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client()
-        .post(sluice.url(CHAT))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, CHAT, &body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut stream = resp.bytes_stream();
@@ -216,21 +201,16 @@ upstream = "{}""#,
         mock.base_url()
     );
     let sluice = Sluice::start(&config);
-    let resp = client()
-        .post(sluice.url(MESSAGES))
-        .json(&json!({"model": "gpt-4o", "messages": []}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post(
+        &sluice,
+        MESSAGES,
+        &json!({"model": "gpt-4o", "messages": []}),
+    )
+    .await;
     assert_eq!(resp.status(), 404);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["type"], "not_found_error");
-    let resp = client()
-        .post(sluice.url(CHAT))
-        .json(&json!({"model": "claude-x", "messages": []}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, CHAT, &json!({"model": "claude-x", "messages": []})).await;
     assert_eq!(resp.status(), 404, "no route serves openai-chat");
     let resp = client().get(sluice.url("/nope")).send().await.unwrap();
     assert_eq!(resp.status(), 404);
@@ -246,12 +226,7 @@ async fn unreachable_upstream_is_502_p4() {
         .unwrap()
         .port();
     let sluice = Sluice::start(&config_for(&format!("http://127.0.0.1:{port}"), ""));
-    let resp = client()
-        .post(sluice.url(CHAT))
-        .json(&json!({"model": "gpt-4o", "messages": []}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, CHAT, &json!({"model": "gpt-4o", "messages": []})).await;
     assert_eq!(resp.status(), 502);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "upstream_unreachable");
@@ -281,22 +256,12 @@ async fn stalled_upstream_is_504_and_a_silent_stream_is_cut_p4() {
         },
     ]);
     let body = json!({"model": "claude-x", "max_tokens": 5, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client()
-        .post(sluice.url(MESSAGES))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, MESSAGES, &body).await;
     assert_eq!(resp.status(), 504);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["type"], "error");
     // Mid-stream silence: the head was sent, so the stream is cut and the client sees an error.
-    let resp = client()
-        .post(sluice.url(MESSAGES))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, MESSAGES, &body).await;
     assert_eq!(resp.status(), 200);
     let result = resp.bytes().await;
     assert!(
@@ -320,12 +285,7 @@ async fn a_stream_cut_upstream_reaches_the_client_cut() {
     let sluice = Sluice::in_front_of(&mock);
     mock.script([Reply::CutStream { events: 3 }]);
     let body = json!({"model": "gpt-5", "stream": true, "input": "hi"});
-    let resp = client()
-        .post(sluice.url(RESPONSES))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, RESPONSES, &body).await;
     assert_eq!(resp.status(), 200);
     assert!(resp.bytes().await.is_err());
 }
@@ -415,12 +375,7 @@ async fn metrics_count_requests_and_overhead_o2() {
     let mock = MockUpstream::start();
     let sluice = Sluice::in_front_of(&mock);
     for _ in 0..3 {
-        client()
-            .post(sluice.url(CHAT))
-            .json(&json!({"model": "gpt-4o", "messages": []}))
-            .send()
-            .await
-            .unwrap();
+        post(&sluice, CHAT, &json!({"model": "gpt-4o", "messages": []})).await;
     }
     client()
         .post(sluice.url(CHAT))
@@ -467,12 +422,7 @@ async fn a_client_that_hangs_up_mid_stream_is_counted_cancelled() {
     let sluice = Sluice::in_front_of(&mock);
     mock.script([Reply::Gate { events: 2 }]);
     let body = json!({"model": "claude-x", "stream": true, "messages": []});
-    let resp = client()
-        .post(sluice.url(MESSAGES))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, MESSAGES, &body).await;
     let mut stream = resp.bytes_stream();
     let _ = stream.next().await;
     drop(stream);
@@ -499,12 +449,7 @@ async fn sigterm_lets_an_in_flight_stream_finish_o4() {
     let mut sluice = Sluice::in_front_of(&mock);
     mock.script([Reply::Gate { events: 2 }]);
     let body = json!({"model": "gpt-4o", "stream": true, "messages": []});
-    let resp = client()
-        .post(sluice.url(CHAT))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(&sluice, CHAT, &body).await;
     let mut stream = resp.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
     assert!(!first.is_empty());

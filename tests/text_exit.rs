@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{client, config_for, metric, tool_output, MockUpstream, Sluice};
+use common::{client, config_for, get_as, metric, post_as, tool_output, MockUpstream, Sluice};
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-tenant-a";
@@ -37,27 +37,12 @@ fn artifact_in(text: &str) -> String {
         .collect()
 }
 
-async fn send(sluice: &Sluice, path: &str, key: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(sluice.url(path))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
 /// Follows cursors from the first page to the end through the read endpoint; returns the pages.
 async fn read_all(sluice: &Sluice, key: &str, first_cursor: String) -> Vec<String> {
     let mut pages = Vec::new();
     let mut cursor = Some(first_cursor);
     while let Some(c) = cursor.take() {
-        let resp = client()
-            .get(sluice.url(&format!("/v1/sluice/read?cursor={c}")))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
+        let resp = get_as(sluice, &format!("/v1/sluice/read?cursor={c}"), key).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["content-type"], "text/plain; charset=utf-8");
         let next = resp
@@ -96,7 +81,7 @@ async fn a_long_result_is_spilled_paged_and_read_back_whole_t1_t8() {
     let mock = MockUpstream::start();
     let sluice = Sluice::in_front_of(&mock);
     let output = tool_output(350_000);
-    let resp = send(&sluice, "/v1/chat/completions", KEY, &chat_with(&output)).await;
+    let resp = post_as(&sluice, "/v1/chat/completions", KEY, &chat_with(&output)).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["x-sluice-projection"],
@@ -118,12 +103,7 @@ async fn a_long_result_is_spilled_paged_and_read_back_whole_t1_t8() {
     );
     // The whole output is the artifact.
     let id = artifact_in(&shown);
-    let whole = client()
-        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let whole = get_as(&sluice, &format!("/v1/sluice/artifacts/{id}"), KEY).await;
     assert_eq!(whole.status(), 200);
     assert_eq!(whole.headers()["content-type"], "text/plain; charset=utf-8");
     assert_eq!(whole.text().await.unwrap(), output);
@@ -156,8 +136,8 @@ async fn the_same_result_projects_identically_every_turn_and_after_a_restart_t7(
     let body = chat_with(&output);
     let first = {
         let sluice = Sluice::start_with(&config, &env);
-        send(&sluice, "/v1/chat/completions", KEY, &body).await;
-        send(&sluice, "/v1/chat/completions", KEY, &body).await;
+        post_as(&sluice, "/v1/chat/completions", KEY, &body).await;
+        post_as(&sluice, "/v1/chat/completions", KEY, &body).await;
         let requests = mock.requests();
         assert_eq!(
             requests[0].body, requests[1].body,
@@ -166,7 +146,7 @@ async fn the_same_result_projects_identically_every_turn_and_after_a_restart_t7(
         requests[0].body.clone()
     };
     let sluice = Sluice::start_with(&config, &env);
-    send(&sluice, "/v1/chat/completions", KEY, &body).await;
+    post_as(&sluice, "/v1/chat/completions", KEY, &body).await;
     assert_eq!(mock.last().body, first, "byte-identical after a restart");
     let metrics = sluice.metrics().await;
     assert_eq!(
@@ -207,7 +187,7 @@ async fn responses_and_anthropic_results_are_spilled_in_their_own_shapes() {
         {"type": "function_call", "call_id": "fc1", "name": "bash", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "fc1", "output": [{"type": "input_text", "text": output}]}
     ]});
-    send(&sluice, "/v1/responses", KEY, &responses).await;
+    post_as(&sluice, "/v1/responses", KEY, &responses).await;
     let seen = mock.last().json();
     let out = &seen["input"][2]["output"];
     assert_eq!(out.as_array().unwrap().len(), 1);
@@ -218,7 +198,7 @@ async fn responses_and_anthropic_results_are_spilled_in_their_own_shapes() {
         {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "bash", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": output, "cache_control": {"type": "ephemeral"}}]}
     ]});
-    let resp = send(&sluice, "/v1/messages", KEY, &anthropic).await;
+    let resp = post_as(&sluice, "/v1/messages", KEY, &anthropic).await;
     assert_eq!(resp.status(), 200);
     let seen = mock.last().json();
     let block = &seen["messages"][2]["content"][0];
@@ -239,7 +219,7 @@ async fn responses_and_anthropic_results_are_spilled_in_their_own_shapes() {
 async fn other_tenants_and_bad_cursors_get_clear_errors_s3() {
     let mock = MockUpstream::start();
     let sluice = Sluice::in_front_of(&mock);
-    send(
+    post_as(
         &sluice,
         "/v1/chat/completions",
         KEY,
@@ -291,12 +271,7 @@ async fn other_tenants_and_bad_cursors_get_clear_errors_s3() {
         v["type"], "error",
         "x-api-key callers get Anthropic's shape"
     );
-    let resp = client()
-        .get(sluice.url("/v1/sluice/read"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let resp = get_as(&sluice, "/v1/sluice/read", KEY).await;
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "bad_cursor");
@@ -334,7 +309,7 @@ async fn a_missing_artifact_is_404_not_a_crash() {
     let env = [("SLUICE_STORE__DATA_DIR", data.as_str())];
     let cursor = {
         let sluice = Sluice::start_with(&config, &env);
-        send(
+        post_as(
             &sluice,
             "/v1/chat/completions",
             KEY,
@@ -350,12 +325,7 @@ async fn a_missing_artifact_is_404_not_a_crash() {
     };
     std::fs::remove_dir_all(dir.path().join("artifacts")).unwrap();
     let sluice = Sluice::start_with(&config, &env);
-    let resp = client()
-        .get(sluice.url(&format!("/v1/sluice/read?cursor={cursor}")))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let resp = get_as(&sluice, &format!("/v1/sluice/read?cursor={cursor}"), KEY).await;
     assert_eq!(resp.status(), 404);
 }
 
@@ -401,7 +371,7 @@ async fn a_full_disk_fails_the_request_cleanly() {
         &config_for(&mock.base_url(), ""),
         &[("SLUICE_STORE__DATA_DIR", data.as_str())],
     );
-    let resp = send(
+    let resp = post_as(
         &sluice,
         "/v1/chat/completions",
         KEY,
@@ -416,7 +386,7 @@ async fn a_full_disk_fails_the_request_cleanly() {
         "nothing forwarded with a broken reference"
     );
     // A request with nothing to spill still goes through.
-    let resp = send(&sluice, "/v1/chat/completions", KEY, &chat_with("short")).await;
+    let resp = post_as(&sluice, "/v1/chat/completions", KEY, &chat_with("short")).await;
     assert_eq!(resp.status(), 200);
     drop(sluice);
     let _ = std::process::Command::new("umount")

@@ -240,3 +240,39 @@ pub fn tool_output(bytes: usize) -> String {
     }
     out
 }
+
+/// POSTs `body` as JSON to `path` through sluice.
+pub async fn post(sluice: &Sluice, path: &str, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(sluice.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// POSTs `body` as JSON to `path` through sluice with the bearer credential `key`.
+pub async fn post_as(
+    sluice: &Sluice,
+    path: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    client()
+        .post(sluice.url(path))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// GETs `path` from sluice with the bearer credential `key`.
+pub async fn get_as(sluice: &Sluice, path: &str, key: &str) -> reqwest::Response {
+    client()
+        .get(sluice.url(path))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
