@@ -22,6 +22,7 @@ pub mod config;
 pub mod dialect;
 pub mod error;
 pub mod exit;
+pub mod image;
 pub mod metrics;
 pub mod projection;
 pub mod route;
