@@ -18,6 +18,7 @@
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
 //! - [`metrics`]: every Prometheus metric.
 
+pub mod attach;
 pub mod config;
 pub mod dialect;
 pub mod error;

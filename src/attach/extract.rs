@@ -1,0 +1,352 @@
+//! Finding images in tool results and user messages (SPEC M1): native image parts, MCP image
+//! items and embedded image resources serialised into the tool text (also nested in a larger
+//! JSON document), and `data:image/…;base64,` URLs in text. Each image found is checked from
+//! its bytes (M2) and its place in the text gets a stable reference (M3).
+
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use super::{Item, Media};
+use crate::config::Lifetime;
+use crate::image::{check, decode_base64, Refusal};
+use crate::store::{ArtifactId, ArtifactKind};
+use crate::tenant::Tenant;
+
+/// Decoded bytes one image may have before it is refused unread (base64 text of 64 MiB).
+pub const MAX_IMAGE_DECODE_BYTES: u64 = 48 * 1024 * 1024;
+/// Images one tool result may carry; more are refused (S5).
+pub const MAX_ITEMS_PER_SOURCE: usize = 200;
+
+/// A tool result with its images taken out.
+#[derive(Debug, Clone, Default)]
+pub struct Extracted {
+    /// The result's text, a reference where each image stood.
+    pub text: String,
+    pub items: Vec<Item>,
+    /// Parts that are neither text nor image (documents, …), kept as they were.
+    pub others: Vec<String>,
+    /// `cache_control` of the result's last part, to keep on the last part written back.
+    pub cache_control: Option<String>,
+}
+
+/// Whether `raw` may hold an image at all: a quick byte search that lets the common case (a tool
+/// result of plain text) skip the parse.
+pub fn may_hold_images(raw: &str) -> bool {
+    let b = raw.as_bytes();
+    memchr::memmem::find(b, b"data:image/").is_some()
+        || memchr::memmem::find(b, b"image\"").is_some()
+        || memchr::memmem::find(b, b"image\\\"").is_some()
+        || memchr::memmem::find(b, b"\"blob").is_some()
+        || memchr::memmem::find(b, b"\\\"blob").is_some()
+}
+
+struct Finder<'t> {
+    tenant: &'t Tenant,
+    items: Vec<Item>,
+}
+
+impl Finder<'_> {
+    /// Checks one image and returns the reference that takes its place in the text.
+    fn image(&mut self, data: &str, declared: Option<&str>, lifetime: Option<Lifetime>) -> String {
+        let k = self.items.len() + 1;
+        let media = if self.items.len() >= MAX_ITEMS_PER_SOURCE {
+            Media::Refused(Refusal::TooLarge {
+                bytes: self.items.len() as u64,
+                limit: MAX_ITEMS_PER_SOURCE as u64,
+            })
+        } else {
+            match decode_base64(data.trim(), MAX_IMAGE_DECODE_BYTES) {
+                Ok(bytes) => match check(bytes.into(), declared) {
+                    Ok(image) => Media::Image(image),
+                    Err(refusal) => Media::Refused(refusal),
+                },
+                Err(refusal) => Media::Refused(refusal),
+            }
+        };
+        let id = match &media {
+            Media::Image(image) => Some(ArtifactId::for_content(
+                self.tenant,
+                ArtifactKind::Media,
+                &image.bytes,
+            )),
+            _ => None,
+        };
+        let item = Item {
+            k,
+            media,
+            id,
+            lifetime,
+        };
+        let reference = item.reference();
+        self.items.push(item);
+        reference
+    }
+
+    fn remote(&mut self, url: &str) -> String {
+        let item = Item {
+            k: self.items.len() + 1,
+            media: Media::Remote(url.to_string()),
+            id: None,
+            lifetime: None,
+        };
+        let reference = item.reference();
+        self.items.push(item);
+        reference
+    }
+
+    /// The text with its data URLs and MCP image items replaced by references.
+    fn text(&mut self, text: &str) -> String {
+        let trimmed = text.trim_start();
+        if (trimmed.starts_with('{') || trimmed.starts_with('[')) && may_hold_images(text) {
+            if let Ok(mut doc) = serde_json::from_str::<Value>(text) {
+                if self.walk(&mut doc) {
+                    return serde_json::to_string(&doc).unwrap_or_else(|_| text.to_string());
+                }
+            }
+        }
+        self.data_urls(text)
+    }
+
+    /// Replaces MCP image items and image resources anywhere in a JSON document by text items
+    /// holding their references; data URLs in its strings too. Whether anything changed.
+    fn walk(&mut self, value: &mut Value) -> bool {
+        match value {
+            Value::Object(map) => {
+                if let Some(reference) = self.mcp_item(map) {
+                    *value = serde_json::json!({"type": "text", "text": reference});
+                    return true;
+                }
+                let mut changed = false;
+                for v in map.values_mut() {
+                    changed |= self.walk(v);
+                }
+                changed
+            }
+            Value::Array(items) => {
+                let mut changed = false;
+                for v in items {
+                    changed |= self.walk(v);
+                }
+                changed
+            }
+            Value::String(s) if s.contains("data:image/") => {
+                let replaced = self.data_urls(s);
+                let changed = replaced != *s;
+                *s = replaced;
+                changed
+            }
+            _ => false,
+        }
+    }
+
+    /// An MCP `{"type":"image","data","mimeType"}` item or a `{"type":"resource"}` whose
+    /// resource is an image blob: its reference, with its `_meta` lifetime hint read (M5).
+    fn mcp_item(&mut self, map: &Map<String, Value>) -> Option<String> {
+        let lifetime = hint(map.get("_meta"));
+        match map.get("type")?.as_str()? {
+            "image" => {
+                let data = map.get("data")?.as_str()?;
+                let mime = map.get("mimeType").and_then(Value::as_str);
+                Some(self.image(data, mime, lifetime))
+            }
+            "resource" => {
+                let resource = map.get("resource")?.as_object()?;
+                let mime = resource.get("mimeType").and_then(Value::as_str)?;
+                if !mime.starts_with("image/") {
+                    return None;
+                }
+                let data = resource.get("blob")?.as_str()?;
+                Some(self.image(data, Some(mime), lifetime.or(hint(resource.get("_meta")))))
+            }
+            _ => None,
+        }
+    }
+
+    /// `data:image/<type>;base64,<data>` URLs in plain text, each replaced by its reference.
+    fn data_urls(&mut self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find("data:image/") {
+            out.push_str(&rest[..at]);
+            let url = &rest[at..];
+            let Some(comma) = url.find(";base64,").filter(|&c| c < 64) else {
+                out.push_str("data:image/");
+                rest = &url["data:image/".len()..];
+                continue;
+            };
+            let mime = &url["data:".len()..comma];
+            let data_start = comma + ";base64,".len();
+            let data_len = url[data_start..]
+                .bytes()
+                .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+                .count();
+            let data = &url[data_start..data_start + data_len];
+            out.push_str(&self.image(data, Some(mime), None));
+            rest = &url[data_start + data_len..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// A lifetime hint in an item's `_meta` (`"sluice/lifetime"` or `"lifetime"`).
+fn hint(meta: Option<&Value>) -> Option<Lifetime> {
+    let meta = meta?.as_object()?;
+    let value = meta.get("sluice/lifetime").or_else(|| meta.get("lifetime"))?;
+    serde_json::from_value(value.clone()).ok()
+}
+
+#[derive(serde::Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    cache_control: Option<&'a RawValue>,
+    /// Anthropic: `{"type":"base64","media_type","data"}` or `{"type":"url","url"}`.
+    source: Option<Source>,
+    /// Responses: a data URL or a remote URL.
+    image_url: Option<ImageUrl>,
+    #[serde(borrow, rename = "_meta")]
+    meta: Option<&'a RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct Source {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    media_type: Option<String>,
+    data: Option<String>,
+    url: Option<String>,
+}
+
+/// Responses puts a string here; chat an object `{url, detail}`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum ImageUrl {
+    Plain(String),
+    Object { url: String },
+}
+
+impl ImageUrl {
+    fn url(&self) -> &str {
+        match self {
+            ImageUrl::Plain(u) | ImageUrl::Object { url: u } => u,
+        }
+    }
+}
+
+/// Takes the images out of a tool result's content (a string or an array of parts).
+/// `None` when it holds none, so the caller leaves it to the text exit alone.
+pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
+    let raw = content.get();
+    if !may_hold_images(raw) {
+        return None;
+    }
+    let mut finder = Finder {
+        tenant,
+        items: Vec::new(),
+    };
+    let mut out = Extracted::default();
+    if raw.starts_with('"') {
+        let text: Cow<str> = serde_json::from_str(raw).ok()?;
+        out.text = finder.text(&text);
+    } else {
+        let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+        let mut texts: Vec<String> = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let Ok(p) = serde_json::from_str::<Part>(part.get()) else {
+                out.others.push(part.get().to_string());
+                continue;
+            };
+            if i + 1 == parts.len() {
+                out.cache_control = p.cache_control.map(|c| c.get().to_string());
+            }
+            let lifetime = p
+                .meta
+                .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
+                .and_then(|m| hint(Some(&m)));
+            match p.kind.as_deref() {
+                Some("text" | "input_text" | "output_text") => {
+                    texts.push(finder.text(p.text.as_deref().unwrap_or_default()));
+                }
+                Some("image") => match p.source {
+                    Some(Source {
+                        kind: Some(k),
+                        data: Some(data),
+                        media_type,
+                        ..
+                    }) if k == "base64" => {
+                        texts.push(finder.image(&data, media_type.as_deref(), lifetime));
+                    }
+                    Some(Source { url: Some(url), .. }) => texts.push(finder.remote(&url)),
+                    _ => out.others.push(part.get().to_string()),
+                },
+                Some("input_image") => match p.image_url.as_ref().map(ImageUrl::url) {
+                    Some(url) if url.starts_with("data:") => {
+                        let (mime, data) = split_data_url(url);
+                        texts.push(finder.image(data, mime, lifetime));
+                    }
+                    Some(url) => texts.push(finder.remote(url)),
+                    None => out.others.push(part.get().to_string()),
+                },
+                _ => out.others.push(part.get().to_string()),
+            }
+        }
+        out.text = texts.join("\n");
+    }
+    if finder.items.is_empty() {
+        return None;
+    }
+    out.items = finder.items;
+    Some(out)
+}
+
+/// `data:<mime>;base64,<data>` → (mime, data). Anything else: no mime, and the whole string as
+/// data (which then fails the base64 check, as it should).
+pub fn split_data_url(url: &str) -> (Option<&str>, &str) {
+    match url.strip_prefix("data:").and_then(|u| u.split_once(";base64,")) {
+        Some((mime, data)) => (Some(mime), data),
+        None => (None, url),
+    }
+}
+
+/// A user message's image part (chat `image_url`, Anthropic `image`, Responses `input_image`)
+/// as an item numbered `k`.
+pub fn user_part(part: &RawValue, k: usize, tenant: &Tenant) -> Option<Item> {
+    let p: Part = serde_json::from_str(part.get()).ok()?;
+    let mut finder = Finder {
+        tenant,
+        items: Vec::new(),
+    };
+    match (p.source, p.image_url) {
+        (
+            Some(Source {
+                kind: Some(kind),
+                data: Some(data),
+                media_type,
+                ..
+            }),
+            _,
+        ) if kind == "base64" => {
+            finder.image(&data, media_type.as_deref(), None);
+        }
+        (Some(Source { url: Some(url), .. }), _) => {
+            finder.remote(&url);
+        }
+        (_, Some(image_url)) if image_url.url().starts_with("data:") => {
+            let (mime, data) = split_data_url(image_url.url());
+            finder.image(data, mime, None);
+        }
+        (_, Some(image_url)) => {
+            finder.remote(image_url.url());
+        }
+        _ => return None,
+    }
+    let mut item = finder.items.pop()?;
+    item.k = k;
+    Some(item)
+}
