@@ -4,6 +4,7 @@
 //! its bytes (M2) and its place in the text gets a stable reference (M3).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -65,6 +66,7 @@ impl Finder<'_> {
                 Err(refusal) => Media::Refused(refusal),
             }
         };
+        let base64 = matches!(media, Media::Image(_)).then(|| Arc::from(data.trim()));
         let id = match &media {
             Media::Image(image) => Some(ArtifactId::for_content(
                 self.tenant,
@@ -78,6 +80,7 @@ impl Finder<'_> {
             media,
             id,
             lifetime,
+            base64,
         };
         let reference = item.reference();
         self.items.push(item);
@@ -90,6 +93,7 @@ impl Finder<'_> {
             media: Media::Remote(url.to_string()),
             id: None,
             lifetime: None,
+            base64: None,
         };
         let reference = item.reference();
         self.items.push(item);
@@ -262,9 +266,11 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                 out.others.push(part.get().to_string());
                 continue;
             };
-            if i + 1 == parts.len() {
+            let last = i + 1 == parts.len();
+            if last {
                 out.cache_control = p.cache_control.map(|c| c.get().to_string());
             }
+            let others_before = out.others.len();
             let lifetime = p
                 .meta
                 .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
@@ -294,6 +300,10 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                     None => out.others.push(part.get().to_string()),
                 },
                 _ => out.others.push(part.get().to_string()),
+            }
+            if last && out.others.len() > others_before {
+                // The last part is kept as it was, its own cache_control with it.
+                out.cache_control = None;
             }
         }
         out.text = texts.join("\n");

@@ -37,6 +37,8 @@ pub struct Item {
     pub id: Option<ArtifactId>,
     /// An explicit lifetime hint found on the item (M5).
     pub lifetime: Option<Lifetime>,
+    /// The base64 text the image came as, to embed it again without re-encoding.
+    pub base64: Option<Arc<str>>,
 }
 
 impl Item {
@@ -79,16 +81,23 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Embedded {
     pub mime: &'static str,
-    pub base64: String,
+    pub base64: Arc<str>,
     pub downscaled: bool,
+    /// The label it came with was wrong (or missing): the bytes decided (M2).
+    pub relabelled: bool,
 }
 
 impl Embedded {
-    pub fn of(image: &Checked, downscaled: bool) -> Embedded {
+    /// `image` as embedded, reusing `base64` when it is the image's own encoding.
+    pub fn of(image: &Checked, base64: Option<&Arc<str>>, downscaled: bool) -> Embedded {
         Embedded {
             mime: image.kind.mime(),
-            base64: STANDARD.encode(&image.bytes),
+            base64: match base64 {
+                Some(b) if !downscaled => b.clone(),
+                _ => Arc::from(STANDARD.encode(&image.bytes)),
+            },
             downscaled,
+            relabelled: image.relabelled,
         }
     }
 }
@@ -150,7 +159,7 @@ pub fn select(
                 (Outcome::KeepRemote, None)
             }
             Media::Remote(_) => (Outcome::Deferred, None),
-            Media::Image(image) => match fit(image, limits, shrink) {
+            Media::Image(image) => match fit(image, item.base64.as_ref(), limits, shrink) {
                 Err(r) => (Outcome::Refused(r), None),
                 Ok(embedded) => {
                     let size = embedded.0.base64.len() as u64;
@@ -191,6 +200,7 @@ pub fn select(
 /// The image as it can be embedded under the per-image limits, with its long edge; or why not.
 fn fit(
     image: &Checked,
+    base64: Option<&Arc<str>>,
     limits: &Limits,
     shrink: &dyn Fn(&Checked, u32, u64) -> Result<Checked, Refusal>,
 ) -> Result<(Embedded, u32), Refusal> {
@@ -198,11 +208,11 @@ fn fit(
     let cap = limits.max_image_bytes.min(limits.max_total_bytes);
     let over_bytes = image.base64_len() > cap;
     if !over_edge && !over_bytes {
-        return Ok((Embedded::of(image, false), image.long_edge()));
+        return Ok((Embedded::of(image, base64, false), image.long_edge()));
     }
     if limits.downscale {
         let small = shrink(image, limits.max_dimension, cap)?;
-        return Ok((Embedded::of(&small, true), small.long_edge()));
+        return Ok((Embedded::of(&small, None, true), small.long_edge()));
     }
     if over_edge {
         return Err(Refusal::TooManyPixels {
