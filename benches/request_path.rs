@@ -18,6 +18,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
+use sluice::attach::Memo as MediaMemo;
 use sluice::config::{Config, RouteConfig};
 use sluice::dialect::Dialect;
 use sluice::exit::Memo;
@@ -74,12 +75,14 @@ fn view(c: &mut Criterion) {
         );
         // Steady state: the memo already holds every projection (an agent resending history).
         let memo = Memo::default();
+        let media = MediaMemo::default();
         let warm = |memo: &Memo| {
             let view = Dialect::OpenAiChat.read_view(&body).unwrap();
             let ctx = Context {
                 tenant: &tenant,
                 route: &route,
                 memo,
+                media: &media,
             };
             let p = project(&view, &ctx);
             for (k, v) in p.memos {
@@ -97,6 +100,7 @@ fn view(c: &mut Criterion) {
                         tenant: &tenant,
                         route: &route,
                         memo: &memo,
+                        media: &media,
                     };
                     let projection = project(&view, &ctx);
                     drop(view);
@@ -116,6 +120,7 @@ fn view(c: &mut Criterion) {
                         tenant: &tenant,
                         route: &route,
                         memo: &memo,
+                        media: &media,
                     };
                     black_box(project(&view, &ctx));
                 })

@@ -2,8 +2,8 @@
 //! and their unit; labels are low-cardinality (dialect, route name, status, outcome).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// Buckets for time spent inside sluice: from 25 µs to 100 ms.
@@ -58,6 +58,12 @@ pub struct Metrics {
     pub spilled_bytes_total: IntCounterVec,
     /// Artifact store operations by op and result.
     pub artifact_store_seconds: HistogramVec,
+    /// Images by what happened to them in a request: embedded, deferred, refused, placeholder.
+    pub images_total: IntCounterVec,
+    /// Base64 bytes of images embedded.
+    pub image_bytes_total: IntCounter,
+    /// Images embedded after a downscale.
+    pub downscales_total: IntCounter,
 }
 
 impl Metrics {
@@ -133,6 +139,24 @@ impl Metrics {
             .buckets(OVERHEAD_BUCKETS.to_vec()),
             &["op", "result"],
         )?;
+        let images_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_images_total",
+                "Images per request by outcome (embedded, deferred, refused, placeholder) and reason.",
+            ),
+            &["outcome", "reason"],
+        )?;
+        let image_bytes_total = IntCounter::new(
+            "sluice_image_bytes_total",
+            "Base64 bytes of images embedded in forwarded requests.",
+        )?;
+        let downscales_total = IntCounter::new(
+            "sluice_downscales_total",
+            "Images embedded after a downscale.",
+        )?;
+        registry.register(Box::new(images_total.clone()))?;
+        registry.register(Box::new(image_bytes_total.clone()))?;
+        registry.register(Box::new(downscales_total.clone()))?;
         registry.register(Box::new(spills_total.clone()))?;
         registry.register(Box::new(spilled_bytes_total.clone()))?;
         registry.register(Box::new(artifact_store_seconds.clone()))?;
@@ -159,6 +183,9 @@ impl Metrics {
             spills_total,
             spilled_bytes_total,
             artifact_store_seconds,
+            images_total,
+            image_bytes_total,
+            downscales_total,
         })
     }
 

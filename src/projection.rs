@@ -11,7 +11,11 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::config::RouteConfig;
+use std::sync::Arc;
+
+use crate::attach::extract::Extracted;
+use crate::attach::{self, Embedded, Item, Limits, Media, Outcome};
+use crate::config::{Modality, RouteConfig};
 use crate::dialect::Dialect;
 use crate::exit::{self, text::Budget};
 use crate::tenant::Tenant;
@@ -52,6 +56,8 @@ pub struct UserImage<'a> {
 #[derive(Debug)]
 pub struct RequestView<'a> {
     pub dialect: Dialect,
+    /// The whole request body the spans point into.
+    pub body: &'a [u8],
     pub model: Option<Cow<'a, str>>,
     pub stream: bool,
     /// Messages (chat, Anthropic) or input items (Responses) in the history.
@@ -74,6 +80,7 @@ impl<'a> RequestView<'a> {
             .and_then(|m| m.model);
         Self {
             dialect,
+            body,
             model,
             stream: false,
             items: 0,
@@ -114,22 +121,46 @@ impl Summary {
 pub struct Projection {
     pub edits: Vec<Edit>,
     pub summary: Summary,
-    /// Text artifacts to store before the request may be forwarded (T3).
+    /// Artifacts (spilled text, media bytes) to store before the request may be forwarded.
     pub spills: Vec<exit::Spill>,
-    /// Memo entries to keep once the spills are stored.
+    /// Text-exit memo entries to keep once the spills are stored.
     pub memos: Vec<(u128, exit::Memoized)>,
+    /// What happened to each image, for the metrics.
+    pub images: Vec<ImageEvent>,
 }
 
-/// What projection needs besides the view: who asks, under which route's policy, and the memo
+/// One image's fate in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageEvent {
+    /// `embedded`, `deferred`, `refused` or `placeholder`.
+    pub outcome: &'static str,
+    pub reason: &'static str,
+    /// Base64 bytes embedded.
+    pub bytes: u64,
+    pub downscaled: bool,
+}
+
+/// What projection needs besides the view: who asks, under which route's policy, and the memos
 /// of earlier projections.
 pub struct Context<'a> {
     pub tenant: &'a Tenant,
     pub route: &'a RouteConfig,
     pub memo: &'a exit::Memo,
+    pub media: &'a attach::Memo,
 }
 
-/// Projects a request: the text exit (section 3), then the media and delivery stages as they
-/// come. When nothing needs changing the edits are empty and the body is forwarded as sent (P1).
+/// Where an image of the request stands.
+#[derive(Clone, Copy)]
+enum Place {
+    /// Item `1` of tool result `0`.
+    Tool(usize, usize),
+    /// User image `0` of the view.
+    User(usize),
+}
+
+/// Projects a request: images first (M1-M5, A1, A5-A7), then the text exit on what text
+/// remains (T2, section 3). When nothing needs changing the edits are empty and the body is
+/// forwarded as sent (P1).
 pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
     let policy = exit::Policy {
         tenant: ctx.tenant,
@@ -139,16 +170,326 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
         },
         read_tool: &ctx.route.read_tool,
     };
-    let text = exit::project(view, &policy, ctx.memo);
-    Projection {
-        edits: text.edits,
-        summary: Summary {
-            spilled: text.spilled,
-            ..Summary::default()
-        },
-        spills: text.spills,
-        memos: text.memos,
+    let mut out = Projection::default();
+    // Extract the images of tool results (remembered per content) and user messages.
+    let extracted: Vec<Option<Arc<Extracted>>> = view
+        .tool_results
+        .iter()
+        .map(|r| {
+            let (found, fresh) = ctx.media.tool_result(r.content, ctx.tenant);
+            if fresh {
+                if let Some(e) = &found {
+                    out.spills.extend(media_artifacts(&e.items));
+                }
+            }
+            found
+        })
+        .collect();
+    let mut per_message = std::collections::HashMap::new();
+    let users: Vec<Option<Item>> = view
+        .user_images
+        .iter()
+        .map(|u| {
+            let k = per_message.entry(u.item).or_insert(0usize);
+            *k += 1;
+            attach::extract::user_part(u.part, *k, ctx.tenant)
+        })
+        .collect();
+    out.spills.extend(media_artifacts(users.iter().flatten()));
+    // Every image, in arrival (document) order.
+    let mut places: Vec<(usize, usize, Place)> = Vec::new();
+    for (ri, e) in extracted.iter().enumerate() {
+        if let Some(e) = e {
+            let at = view.tool_results[ri].span.start;
+            places.extend((0..e.items.len()).map(|ii| (at, ii, Place::Tool(ri, ii))));
+        }
     }
+    for (ui, u) in users.iter().enumerate() {
+        if u.is_some() {
+            places.push((view.user_images[ui].span.start, 0, Place::User(ui)));
+        }
+    }
+    places.sort_by_key(|&(at, sub, _)| (at, sub));
+    let item_at = |place: Place| -> Option<&Item> {
+        match place {
+            Place::Tool(ri, ii) => extracted[ri].as_ref().map(|e| &e.items[ii]),
+            Place::User(ui) => users[ui].as_ref(),
+        }
+    };
+    let items: Vec<&Item> = places.iter().filter_map(|&(_, _, p)| item_at(p)).collect();
+    let accepts = ctx.route.input_modalities.contains(&Modality::Image);
+    let limits = Limits::new(
+        &ctx.route.images,
+        accepts,
+        view.dialect == Dialect::AnthropicMessages,
+    );
+    let shrink =
+        |image: &crate::image::Checked, edge: u32, bytes: u64| ctx.media.shrink(image, edge, bytes);
+    let decided = attach::select(&items, &limits, &shrink);
+    let mut tool_outcomes: Vec<Vec<Outcome>> = extracted
+        .iter()
+        .map(|e| vec![Outcome::Deferred; e.as_ref().map_or(0, |e| e.items.len())])
+        .collect();
+    let mut user_outcomes: Vec<Option<Outcome>> = vec![None; users.len()];
+    for ((_, _, place), outcome) in places.iter().zip(decided) {
+        out.images.push(event(&outcome));
+        match outcome {
+            Outcome::Embed(_) | Outcome::KeepRemote => out.summary.embedded += 1,
+            Outcome::Deferred => out.summary.deferred += 1,
+            Outcome::Refused(_) => out.summary.refused += 1,
+            Outcome::Gated => out.summary.placeholders += 1,
+        }
+        match *place {
+            Place::Tool(ri, ii) => tool_outcomes[ri][ii] = outcome,
+            Place::User(ui) => user_outcomes[ui] = Some(outcome),
+        }
+    }
+    // Tool results with images: their text (references, notes) through the text exit, then
+    // written back with the images the dialect's way (A7).
+    let mut chat_turns: Vec<(usize, Vec<String>)> = Vec::new();
+    for (ri, e) in extracted.iter().enumerate() {
+        let Some(e) = e else { continue };
+        let result = &view.tool_results[ri];
+        let outcomes = &tool_outcomes[ri];
+        let mut text = e.text.clone();
+        for (item, outcome) in e.items.iter().zip(outcomes) {
+            if let Some(note) = attach::note(item, outcome) {
+                text.push('\n');
+                text.push_str(&note);
+            }
+        }
+        if let Some((page, spill)) = exit::page_text(&text, &policy) {
+            text = page;
+            out.summary.spilled += 1;
+            out.spills.push(spill);
+        }
+        let (content, chat_parts) = render_tool_content(view.dialect, result, e, outcomes, &text);
+        out.edits.push(Edit {
+            span: result.span,
+            with: Bytes::from(content),
+        });
+        if !chat_parts.is_empty() {
+            chat_turns.push((result.item, chat_parts));
+        }
+    }
+    // The other tool results: the text exit alone.
+    let text = exit::project(view, &policy, ctx.memo, &|i| extracted[i].is_some());
+    out.edits.extend(text.edits);
+    out.summary.spilled += text.spilled;
+    out.spills.extend(text.spills);
+    out.memos = text.memos;
+    // User images written back when they changed or are not shown.
+    for (ui, (item, outcome)) in users.iter().zip(&user_outcomes).enumerate() {
+        if let (Some(item), Some(outcome)) = (item, outcome) {
+            if let Some(with) =
+                render_user_part(view.dialect, view.user_images[ui].part, item, outcome)
+            {
+                out.edits.push(Edit {
+                    span: view.user_images[ui].span,
+                    with: Bytes::from(with),
+                });
+            }
+        }
+    }
+    // OpenAI chat: each turn's images in one user message after its tool messages (A7).
+    if !chat_turns.is_empty() {
+        out.edits.extend(chat_image_messages(view, chat_turns));
+    }
+    out
+}
+
+fn media_artifacts<'a>(items: impl IntoIterator<Item = &'a Item>) -> Vec<exit::Spill> {
+    items
+        .into_iter()
+        .filter_map(|item| match (&item.media, item.id) {
+            (Media::Image(image), Some(id)) => Some(exit::Spill {
+                id,
+                bytes: image.bytes.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn event(outcome: &Outcome) -> ImageEvent {
+    let (name, reason, bytes, downscaled) = match outcome {
+        Outcome::Embed(e) => ("embedded", "", e.base64.len() as u64, e.downscaled),
+        Outcome::KeepRemote => ("embedded", "remote", 0, false),
+        Outcome::Deferred => ("deferred", "budget", 0, false),
+        Outcome::Refused(r) => ("refused", r.reason(), 0, false),
+        Outcome::Gated => ("placeholder", "no_image_input", 0, false),
+    };
+    ImageEvent {
+        outcome: name,
+        reason,
+        bytes,
+        downscaled,
+    }
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+fn data_url(e: &Embedded) -> String {
+    format!("data:{};base64,{}", e.mime, e.base64)
+}
+
+/// A tool result's new content: its text, then its shown images where the dialect allows images
+/// in tool results, then its other parts. For OpenAI chat, the images come back separately, to
+/// go in a user message after the turn.
+fn render_tool_content(
+    dialect: Dialect,
+    result: &ToolResult<'_>,
+    e: &Extracted,
+    outcomes: &[Outcome],
+    text: &str,
+) -> (String, Vec<String>) {
+    let text_json = json_string(text);
+    let mut parts: Vec<String> = Vec::new();
+    let mut chat_parts: Vec<String> = Vec::new();
+    let (text_type, image_part): (&str, fn(&Embedded) -> String) = match dialect {
+        Dialect::AnthropicMessages => ("text", |em| {
+            format!(
+                r#"{{"type":"image","source":{{"type":"base64","media_type":"{}","data":"{}"}}}}"#,
+                em.mime, em.base64
+            )
+        }),
+        Dialect::OpenAiResponses => ("input_text", |em| {
+            format!(
+                r#"{{"type":"input_image","image_url":{}}}"#,
+                json_string(&data_url(em))
+            )
+        }),
+        Dialect::OpenAiChat => ("text", |em| {
+            format!(
+                r#"{{"type":"image_url","image_url":{{"url":{}}}}}"#,
+                json_string(&data_url(em))
+            )
+        }),
+    };
+    parts.push(format!(r#"{{"type":"{text_type}","text":{text_json}}}"#));
+    for (item, outcome) in e.items.iter().zip(outcomes) {
+        let part = match (outcome, &item.media) {
+            (Outcome::Embed(em), _) => image_part(em),
+            (Outcome::KeepRemote, Media::Remote(url)) => match dialect {
+                Dialect::AnthropicMessages => format!(
+                    r#"{{"type":"image","source":{{"type":"url","url":{}}}}}"#,
+                    json_string(url)
+                ),
+                Dialect::OpenAiResponses => {
+                    format!(
+                        r#"{{"type":"input_image","image_url":{}}}"#,
+                        json_string(url)
+                    )
+                }
+                Dialect::OpenAiChat => format!(
+                    r#"{{"type":"image_url","image_url":{{"url":{}}}}}"#,
+                    json_string(url)
+                ),
+            },
+            _ => continue,
+        };
+        if dialect == Dialect::OpenAiChat {
+            chat_parts.push(format!(
+                r#"{{"type":"text","text":{}}}"#,
+                json_string(&item.reference())
+            ));
+            chat_parts.push(part);
+        } else {
+            parts.push(part);
+        }
+    }
+    parts.extend(e.others.iter().cloned());
+    if let (Some(cc), Some(last)) = (&e.cache_control, parts.last_mut()) {
+        if last.ends_with('}') && !last.contains("\"cache_control\"") {
+            last.pop();
+            last.push_str(",\"cache_control\":");
+            last.push_str(cc);
+            last.push('}');
+        }
+    }
+    let content = if dialect == Dialect::OpenAiChat && result.content.get().starts_with('"') {
+        text_json
+    } else {
+        format!("[{}]", parts.join(","))
+    };
+    (content, chat_parts)
+}
+
+/// A user image part as it must be sent, or `None` to leave its bytes untouched (P1).
+fn render_user_part(
+    dialect: Dialect,
+    part: &RawValue,
+    item: &Item,
+    outcome: &Outcome,
+) -> Option<String> {
+    let text_type = if dialect == Dialect::OpenAiResponses {
+        "input_text"
+    } else {
+        "text"
+    };
+    match outcome {
+        Outcome::KeepRemote => None,
+        Outcome::Embed(em) if !em.downscaled && !em.relabelled => None,
+        Outcome::Embed(em) => {
+            // Rewrite the part with the right label (and the smaller bytes), keeping its other
+            // fields (`detail`, `cache_control`).
+            let mut value: serde_json::Value = serde_json::from_str(part.get()).ok()?;
+            match dialect {
+                Dialect::AnthropicMessages => {
+                    value["source"] = serde_json::json!({
+                        "type": "base64", "media_type": em.mime, "data": &*em.base64
+                    });
+                }
+                Dialect::OpenAiResponses => value["image_url"] = data_url(em).into(),
+                Dialect::OpenAiChat => value["image_url"]["url"] = data_url(em).into(),
+            }
+            Some(value.to_string())
+        }
+        other => {
+            let text = attach::note(item, other).unwrap_or_else(|| item.reference());
+            Some(format!(
+                r#"{{"type":"{text_type}","text":{}}}"#,
+                json_string(&text)
+            ))
+        }
+    }
+}
+
+/// Inserts, after the last tool message of each turn that has shown images, one user message
+/// holding them, each after its reference (A7).
+fn chat_image_messages(view: &RequestView<'_>, turns: Vec<(usize, Vec<String>)>) -> Vec<Edit> {
+    let Some(spans) = std::str::from_utf8(view.body)
+        .ok()
+        .and_then(crate::dialect::openai_chat::message_spans)
+    else {
+        return Vec::new();
+    };
+    let mut by_end: Vec<(usize, Vec<String>)> = Vec::new();
+    for (message, parts) in turns {
+        let mut last = message;
+        while last + 1 < spans.len() && spans[last + 1].1 {
+            last += 1;
+        }
+        match by_end.iter_mut().find(|(end, _)| *end == last) {
+            Some((_, all)) => all.extend(parts),
+            None => by_end.push((last, parts)),
+        }
+    }
+    by_end
+        .into_iter()
+        .filter_map(|(last, parts)| {
+            let end = spans.get(last)?.0.end;
+            Some(Edit {
+                span: Span { start: end, end },
+                with: Bytes::from(format!(
+                    r#",{{"role":"user","content":[{}]}}"#,
+                    parts.join(",")
+                )),
+            })
+        })
+        .collect()
 }
 
 /// Edits that cannot be applied together.

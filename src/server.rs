@@ -92,6 +92,7 @@ struct Shared {
     next_id: AtomicU64,
     artifacts: Artifacts<Backend>,
     memo: Memo,
+    media: crate::attach::Memo,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -157,6 +158,7 @@ impl Server {
                 next_id: AtomicU64::new(0),
                 artifacts,
                 memo: Memo::default(),
+                media: crate::attach::Memo::default(),
             }),
             proxy,
             admin,
@@ -490,32 +492,46 @@ impl App {
                 tenant: &tenant,
                 route: &route.config,
                 memo: &self.memo,
+                media: &self.media,
             },
         );
         drop(view);
         // The artifacts must be durable before the model is shown a reference to them (T3):
         // if they cannot be stored, the request fails rather than go out with a broken cursor.
-        let mut stored_bytes = 0u64;
+        let (mut spills, mut spilled_bytes) = (0u64, 0u64);
         for spill in &projection.spills {
             self.artifacts
-                .put(&tenant, &spill.id, spill.text.clone())
+                .put(&tenant, &spill.id, spill.bytes.clone())
                 .await
                 .map_err(|e| {
-                    tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store a spilled tool result");
+                    tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store an artifact");
                     GatewayError::StoreUnavailable
                 })?;
-            stored_bytes += spill.text.len() as u64;
+            if spill.id.kind == ArtifactKind::Text {
+                spills += 1;
+                spilled_bytes += spill.bytes.len() as u64;
+            }
         }
-        if !projection.spills.is_empty() {
+        if spills > 0 {
             let labels = [ctx.dialect, route.config.name.as_str()];
             self.metrics
                 .spills_total
                 .with_label_values(&labels)
-                .inc_by(projection.spills.len() as u64);
+                .inc_by(spills);
             self.metrics
                 .spilled_bytes_total
                 .with_label_values(&labels)
-                .inc_by(stored_bytes);
+                .inc_by(spilled_bytes);
+        }
+        for image in &projection.images {
+            self.metrics
+                .images_total
+                .with_label_values(&[image.outcome, image.reason])
+                .inc();
+            self.metrics.image_bytes_total.inc_by(image.bytes);
+            if image.downscaled {
+                self.metrics.downscales_total.inc();
+            }
         }
         for (key, value) in projection.memos {
             self.memo.insert(key, value);
@@ -650,7 +666,8 @@ impl App {
                 .ok_or_else(not_found)?;
             let content_type = match id.kind {
                 ArtifactKind::Text => "text/plain; charset=utf-8",
-                ArtifactKind::Media => "application/octet-stream",
+                ArtifactKind::Media => crate::image::check(bytes.clone(), None)
+                    .map_or("application/octet-stream", |image| image.kind.mime()),
             };
             return Ok(plain(StatusCode::OK, content_type, bytes));
         }

@@ -198,7 +198,9 @@ impl Finder<'_> {
 /// A lifetime hint in an item's `_meta` (`"sluice/lifetime"` or `"lifetime"`).
 fn hint(meta: Option<&Value>) -> Option<Lifetime> {
     let meta = meta?.as_object()?;
-    let value = meta.get("sluice/lifetime").or_else(|| meta.get("lifetime"))?;
+    let value = meta
+        .get("sluice/lifetime")
+        .or_else(|| meta.get("lifetime"))?;
     serde_json::from_value(value.clone()).ok()
 }
 
@@ -318,7 +320,10 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
 /// `data:<mime>;base64,<data>` → (mime, data). Anything else: no mime, and the whole string as
 /// data (which then fails the base64 check, as it should).
 pub fn split_data_url(url: &str) -> (Option<&str>, &str) {
-    match url.strip_prefix("data:").and_then(|u| u.split_once(";base64,")) {
+    match url
+        .strip_prefix("data:")
+        .and_then(|u| u.split_once(";base64,"))
+    {
         Some((mime, data)) => (Some(mime), data),
         None => (None, url),
     }

@@ -54,7 +54,12 @@ impl Item {
                 (image.bytes.len() as u64).div_ceil(1024)
             ),
             (Media::Image(image), None) => {
-                format!("[image #{k}: {} {}×{}]", image.kind.mime(), image.width, image.height)
+                format!(
+                    "[image #{k}: {} {}×{}]",
+                    image.kind.mime(),
+                    image.width,
+                    image.height
+                )
             }
             (Media::Remote(url), _) => format!("[image #{k}: {url}]"),
             (Media::Refused(refusal), _) => format!("[image #{k}: not shown: {refusal}]"),
@@ -182,7 +187,10 @@ pub fn select(
         .iter()
         .filter(|o| matches!(o, Outcome::Embed(_) | Outcome::KeepRemote))
         .count();
-    let too_big = edges.iter().flatten().any(|&e| e > ANTHROPIC_MANY_IMAGES_EDGE);
+    let too_big = edges
+        .iter()
+        .flatten()
+        .any(|&e| e > ANTHROPIC_MANY_IMAGES_EDGE);
     if limits.anthropic && shown > ANTHROPIC_MANY_IMAGES && too_big {
         let mut kept = 0;
         for o in &mut out {
@@ -247,6 +255,93 @@ pub fn note(item: &Item, outcome: &Outcome) -> Option<String> {
 /// The default downscaler.
 pub fn shrink(image: &Checked, max_dimension: u32, max_bytes: u64) -> Result<Checked, Refusal> {
     downscale(image, max_dimension, max_bytes)
+}
+
+/// Bytes of extracted images (decoded and base64) kept in memory, so a screenshot resent every
+/// turn is decoded and checked once.
+const EXTRACT_MEMO_BYTES: u64 = 64 * 1024 * 1024;
+/// Bytes of downscaled images kept, by content and policy (A6: same input, same output).
+const SHRINK_MEMO_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Caches of the media stage, shared by all workers.
+pub struct Memo {
+    extracted: moka::sync::Cache<u128, Option<Arc<extract::Extracted>>>,
+    shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
+    seed: u64,
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Self {
+            extracted: moka::sync::Cache::builder()
+                .max_capacity(EXTRACT_MEMO_BYTES)
+                .weigher(|_, v: &Option<Arc<extract::Extracted>>| {
+                    let bytes = v.as_ref().map_or(0, |e| {
+                        e.text.len()
+                            + e.items
+                                .iter()
+                                .map(|i| {
+                                    i.base64.as_ref().map_or(0, |b| b.len())
+                                        + match &i.media {
+                                            Media::Image(c) => c.bytes.len(),
+                                            _ => 0,
+                                        }
+                                })
+                                .sum::<usize>()
+                    });
+                    u32::try_from(bytes + 64).unwrap_or(u32::MAX)
+                })
+                .build(),
+            shrunk: moka::sync::Cache::builder()
+                .max_capacity(SHRINK_MEMO_BYTES)
+                .weigher(|_, v: &Result<Checked, Refusal>| {
+                    u32::try_from(v.as_ref().map_or(0, |c| c.bytes.len()) + 64).unwrap_or(u32::MAX)
+                })
+                .build(),
+            seed: uuid::Uuid::new_v4().as_u64_pair().1,
+        }
+    }
+}
+
+impl Memo {
+    /// The images of a tool result (`None`: it holds none), extracted once per content and
+    /// tenant. The flag says whether this call extracted it (its artifacts are new).
+    pub fn tool_result(
+        &self,
+        content: &serde_json::value::RawValue,
+        tenant: &crate::tenant::Tenant,
+    ) -> (Option<Arc<extract::Extracted>>, bool) {
+        let raw = content.get();
+        if !extract::may_hold_images(raw) {
+            return (None, false);
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
+        h.update(tenant.key());
+        h.update(raw.as_bytes());
+        let key = h.digest128();
+        if let Some(known) = self.extracted.get(&key) {
+            return (known, false);
+        }
+        let found = extract::tool_result(content, tenant).map(Arc::new);
+        self.extracted.insert(key, found.clone());
+        (found, true)
+    }
+
+    /// [`shrink`], remembered by image content and policy.
+    pub fn shrink(
+        &self,
+        image: &Checked,
+        max_dimension: u32,
+        max_bytes: u64,
+    ) -> Result<Checked, Refusal> {
+        let key = (
+            xxhash_rust::xxh3::xxh3_128_with_seed(&image.bytes, self.seed),
+            max_dimension,
+            max_bytes,
+        );
+        self.shrunk
+            .get_with(key, || shrink(image, max_dimension, max_bytes))
+    }
 }
 
 #[cfg(test)]

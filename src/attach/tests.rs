@@ -32,19 +32,35 @@ fn finds_mcp_items_resources_and_data_urls_in_tool_text_m1() {
     let text = format!("result: {mcp}");
     // Nested in a larger JSON text, and as a data URL in plain text.
     let nested = json!({"tool": "shot", "result": mcp}).to_string();
-    for content in [json!(nested), json!(format!("see data:image/png;base64,{} there", png(4, 4)))] {
+    for content in [
+        json!(nested),
+        json!(format!("see data:image/png;base64,{} there", png(4, 4))),
+    ] {
         let out = tool_result(&raw(&content), &t).unwrap();
         assert!(!out.text.contains("base64,") && !out.text.contains(&png(8, 8)));
         assert!(out.text.contains("[image #1: image/png"), "{}", out.text);
     }
     let out = tool_result(&raw(&json!(nested)), &t).unwrap();
     assert_eq!(out.items.len(), 2);
-    assert_eq!(out.items[0].lifetime, Some(Lifetime::Retain), "M5 hint read");
+    assert_eq!(
+        out.items[0].lifetime,
+        Some(Lifetime::Retain),
+        "M5 hint read"
+    );
     assert!(!out.text.contains("_meta"), "M5 hint stripped");
-    let Media::Image(second) = &out.items[1].media else { panic!() };
+    let Media::Image(second) = &out.items[1].media else {
+        panic!()
+    };
     assert!(second.relabelled, "labelled jpeg, bytes are png");
     // Text that merely mentions images is left alone.
-    assert!(tool_result(&raw(&json!(text.replace("\"image\"", "\"picture\"").replace("blob", "blub").replace("data:image", "data:img"))), &t).is_none());
+    assert!(tool_result(
+        &raw(&json!(text
+            .replace("\"image\"", "\"picture\"")
+            .replace("blob", "blub")
+            .replace("data:image", "data:img"))),
+        &t
+    )
+    .is_none());
 }
 
 #[test]
@@ -60,7 +76,10 @@ fn finds_native_image_parts_and_keeps_other_parts() {
     assert_eq!(out.items.len(), 2);
     assert!(matches!(out.items[1].media, Media::Remote(_)));
     assert_eq!(out.others.len(), 1);
-    assert_eq!(out.cache_control, None, "the kept last part carries its own marker");
+    assert_eq!(
+        out.cache_control, None,
+        "the kept last part carries its own marker"
+    );
     assert!(out.others[0].contains("cache_control"));
     assert!(out.text.starts_with("shot:\n[image #1: image/png 30×20, "));
     let responses = json!([{"type": "input_image", "image_url": format!("data:image/png;base64,{}", png(5, 5))}]);
@@ -87,8 +106,13 @@ fn bad_images_become_refusals_not_failures_a6() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(reasons, ["invalid_base64", "damaged", "unsupported_type", "empty"]);
-    assert!(out.text.contains("[image #1: not shown: the image data is not valid base64]"));
+    assert_eq!(
+        reasons,
+        ["invalid_base64", "damaged", "unsupported_type", "empty"]
+    );
+    assert!(out
+        .text
+        .contains("[image #1: not shown: the image data is not valid base64]"));
 }
 
 #[test]
@@ -99,9 +123,14 @@ fn user_parts_of_each_dialect() {
     assert_eq!(item.k, 2);
     assert!(matches!(item.media, Media::Image(_)));
     let remote = json!({"type": "image_url", "image_url": {"url": "https://x/y.png"}});
-    assert!(matches!(user_part(&raw(&remote), 1, &t).unwrap().media, Media::Remote(_)));
+    assert!(matches!(
+        user_part(&raw(&remote), 1, &t).unwrap().media,
+        Media::Remote(_)
+    ));
     let anthropic = json!({"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": png(3, 3)}});
-    let Media::Image(i) = user_part(&raw(&anthropic), 1, &t).unwrap().media else { panic!() };
+    let Media::Image(i) = user_part(&raw(&anthropic), 1, &t).unwrap().media else {
+        panic!()
+    };
     assert!(i.relabelled);
 }
 
@@ -133,7 +162,9 @@ fn budgets_take_images_in_arrival_order_and_defer_the_rest_a5() {
     // A byte budget: an image that does not fit waits, a later smaller one may still go.
     let big = image_item(1, 200, 200);
     let small = image_item(2, 4, 4);
-    let Media::Image(b) = &big.media else { panic!() };
+    let Media::Image(b) = &big.media else {
+        panic!()
+    };
     l.max_images = 10;
     l.max_total_bytes = b.base64_len() + 10;
     let first = image_item(0, 60, 60);
@@ -149,10 +180,15 @@ fn per_image_limits_refuse_or_downscale_a6() {
     let mut l = limits();
     l.max_dimension = 150;
     let out = select(&[&item], &l, &no_shrink);
-    assert!(matches!(out[0], Outcome::Refused(Refusal::TooManyPixels { .. })));
+    assert!(matches!(
+        out[0],
+        Outcome::Refused(Refusal::TooManyPixels { .. })
+    ));
     l.downscale = true;
     let out = select(&[&item], &l, &shrink);
-    let Outcome::Embed(e) = &out[0] else { panic!("{out:?}") };
+    let Outcome::Embed(e) = &out[0] else {
+        panic!("{out:?}")
+    };
     assert!(e.downscaled);
     let bytes = STANDARD.decode(e.base64.as_bytes()).unwrap();
     let back = crate::image::check(bytes.into(), Some(e.mime)).unwrap();
@@ -161,25 +197,46 @@ fn per_image_limits_refuse_or_downscale_a6() {
 
 #[test]
 fn the_gate_turns_every_image_into_a_placeholder_a1() {
-    let items = [image_item(1, 10, 10), Item { k: 2, media: Media::Remote("https://x".into()), id: None, lifetime: None, base64: None }];
+    let items = [
+        image_item(1, 10, 10),
+        Item {
+            k: 2,
+            media: Media::Remote("https://x".into()),
+            id: None,
+            lifetime: None,
+            base64: None,
+        },
+    ];
     let mut l = limits();
     l.accepts_images = false;
     let out = select(&[&items[0], &items[1]], &l, &no_shrink);
     assert_eq!(out, [Outcome::Gated, Outcome::Gated]);
-    assert!(note(&items[0], &out[0]).unwrap().contains("no visual content was provided"));
+    assert!(note(&items[0], &out[0])
+        .unwrap()
+        .contains("no visual content was provided"));
 }
 
 #[test]
 fn more_than_twenty_large_images_for_anthropic_keep_twenty() {
-    let items: Vec<Item> = (1..=22).map(|k| image_item(k, if k == 3 { 2100 } else { 8 }, 8)).collect();
+    let items: Vec<Item> = (1..=22)
+        .map(|k| image_item(k, if k == 3 { 2100 } else { 8 }, 8))
+        .collect();
     let refs: Vec<&Item> = items.iter().collect();
     let mut l = limits();
     l.max_images = 100;
     let out = select(&refs, &l, &no_shrink);
-    let shown = out.iter().filter(|o| matches!(o, Outcome::Embed(_))).count();
+    let shown = out
+        .iter()
+        .filter(|o| matches!(o, Outcome::Embed(_)))
+        .count();
     assert_eq!(shown, 20);
     assert_eq!(out[21], Outcome::Deferred);
     l.anthropic = false;
     let out = select(&refs, &l, &no_shrink);
-    assert_eq!(out.iter().filter(|o| matches!(o, Outcome::Embed(_))).count(), 22);
+    assert_eq!(
+        out.iter()
+            .filter(|o| matches!(o, Outcome::Embed(_)))
+            .count(),
+        22
+    );
 }

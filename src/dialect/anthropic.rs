@@ -80,6 +80,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         }
     }
     Ok(RequestView {
+        body: body.as_bytes(),
         dialect: Dialect::AnthropicMessages,
         model: request.model,
         stream: is_true(request.stream),

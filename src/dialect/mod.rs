@@ -3,7 +3,7 @@
 //! knows a provider's JSON shapes.
 
 mod anthropic;
-mod openai_chat;
+pub mod openai_chat;
 mod openai_responses;
 
 use std::borrow::Cow;

@@ -98,6 +98,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         }
     }
     Ok(RequestView {
+        body: body.as_bytes(),
         dialect: Dialect::OpenAiChat,
         model: request.model,
         stream: is_true(request.stream),
@@ -105,6 +106,34 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         tool_results,
         user_images,
     })
+}
+
+/// Each message's span and whether it is a `tool` message. A second pass over the messages,
+/// made only when images must be placed after a turn's tool messages (SPEC A7).
+pub fn message_spans(body: &str) -> Option<Vec<(crate::projection::Span, bool)>> {
+    #[derive(Deserialize)]
+    struct Messages<'a> {
+        #[serde(borrow, default)]
+        messages: Vec<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Role<'a> {
+        #[serde(borrow)]
+        role: Text<'a>,
+    }
+    let parsed: Messages = serde_json::from_str(body).ok()?;
+    Some(
+        parsed
+            .messages
+            .iter()
+            .map(|m| {
+                let role = serde_json::from_str::<Role>(m.get())
+                    .ok()
+                    .and_then(|r| r.role);
+                (span_of(body, m), role.as_deref() == Some("tool"))
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

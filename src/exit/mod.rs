@@ -66,11 +66,11 @@ pub struct Policy<'a> {
     pub read_tool: &'a str,
 }
 
-/// A text artifact to store before the request may go upstream.
+/// An artifact (spilled text or media bytes) to store before the request may go upstream.
 #[derive(Debug, Clone)]
 pub struct Spill {
     pub id: ArtifactId,
-    pub text: Bytes,
+    pub bytes: Bytes,
 }
 
 /// The text exit's part of a projection.
@@ -85,9 +85,19 @@ pub struct TextExit {
     pub memos: Vec<(u128, Memoized)>,
 }
 
-pub fn project(view: &RequestView<'_>, policy: &Policy<'_>, memo: &Memo) -> TextExit {
+/// Projects the tool results of `view` whose index `skip` does not name (those are handled by
+/// the media stage, which pages their remaining text with [`page_text`]).
+pub fn project(
+    view: &RequestView<'_>,
+    policy: &Policy<'_>,
+    memo: &Memo,
+    skip: &dyn Fn(usize) -> bool,
+) -> TextExit {
     let mut out = TextExit::default();
-    for result in &view.tool_results {
+    for (index, result) in view.tool_results.iter().enumerate() {
+        if skip(index) {
+            continue;
+        }
         let raw = result.content.get();
         if obviously_fits(raw, policy.budget) {
             continue;
@@ -181,9 +191,23 @@ fn project_result(
     let Some((text, parts)) = read_content(result.content) else {
         return (None, None);
     };
-    let lines = Lines::new(&text);
-    if fits(utf16_len(&text), lines.count(), policy.budget) {
+    let Some((page, spill)) = page_text(&text, policy) else {
         return (None, None);
+    };
+    let page_json = serde_json::Value::String(page).to_string();
+    let replacement = match parts {
+        None => page_json,
+        Some(parts) => replace_parts(dialect, &parts, &page_json),
+    };
+    (Some(Bytes::from(replacement)), Some(spill))
+}
+
+/// `text` as the model sees it under the budget: `None` when it fits as it is; else its first
+/// page with the notice, and the artifact that holds it whole (T3).
+pub fn page_text(text: &str, policy: &Policy<'_>) -> Option<(String, Spill)> {
+    let lines = Lines::new(text);
+    if fits(utf16_len(text), lines.count(), policy.budget) {
+        return None;
     }
     let id = ArtifactId::for_content(policy.tenant, ArtifactKind::Text, text.as_bytes());
     let page = notice::render(
@@ -194,16 +218,11 @@ fn project_result(
         policy.budget,
         policy.read_tool,
     );
-    let page_json = serde_json::Value::String(page.text).to_string();
-    let replacement = match parts {
-        None => page_json,
-        Some(parts) => replace_parts(dialect, &parts, &page_json),
-    };
     let spill = Spill {
         id,
-        text: Bytes::from(text.into_owned()),
+        bytes: Bytes::from(text.to_string()),
     };
-    (Some(Bytes::from(replacement)), Some(spill))
+    Some((page.text, spill))
 }
 
 /// The new content array: one text part holding the page (in the dialect's part type, with the
@@ -271,13 +290,13 @@ mod tests {
         let t = Tenant::from_credential(b"k");
         let body = chat("short\noutput");
         let view = Dialect::OpenAiChat.read_view(body.as_bytes()).unwrap();
-        let out = project(&view, &policy(&t), &Memo::default());
+        let out = project(&view, &policy(&t), &Memo::default(), &|_| false);
         assert!(out.edits.is_empty() && out.spills.is_empty());
         // Exactly at the line budget, with escapes that make the raw text long: still fits.
         let text: String = (0..20).map(|i| format!("é{i}\n")).collect();
         let body = chat(&text);
         let view = Dialect::OpenAiChat.read_view(body.as_bytes()).unwrap();
-        let out = project(&view, &policy(&t), &Memo::default());
+        let out = project(&view, &policy(&t), &Memo::default(), &|_| false);
         assert!(out.edits.is_empty(), "20 lines fit a 20-line budget");
     }
 
@@ -288,16 +307,16 @@ mod tests {
         let body = bytes::Bytes::from(chat(&text));
         let memo = Memo::default();
         let view = Dialect::OpenAiChat.read_view(&body).unwrap();
-        let first = project(&view, &policy(&t), &memo);
+        let first = project(&view, &policy(&t), &memo, &|_| false);
         assert_eq!(
             (first.spilled, first.spills.len(), first.memos.len()),
             (1, 1, 1)
         );
-        assert_eq!(&first.spills[0].text[..], text.as_bytes());
+        assert_eq!(&first.spills[0].bytes[..], text.as_bytes());
         for (k, v) in &first.memos {
             memo.insert(*k, v.clone());
         }
-        let again = project(&view, &policy(&t), &memo);
+        let again = project(&view, &policy(&t), &memo, &|_| false);
         assert_eq!(again.spilled, 1);
         assert!(
             again.spills.is_empty() && again.memos.is_empty(),
@@ -327,10 +346,10 @@ mod tests {
         .to_string();
         let body = bytes::Bytes::from(body);
         let view = Dialect::AnthropicMessages.read_view(&body).unwrap();
-        let out = project(&view, &policy(&t), &Memo::default());
+        let out = project(&view, &policy(&t), &Memo::default(), &|_| false);
         assert_eq!(out.spilled, 1);
         assert_eq!(
-            std::str::from_utf8(&out.spills[0].text).unwrap(),
+            std::str::from_utf8(&out.spills[0].bytes).unwrap(),
             format!("{a}\n{b}")
         );
         let spliced = splice(&body, out.edits).unwrap();
