@@ -293,14 +293,16 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                     Some(Source { url: Some(url), .. }) => texts.push(finder.remote(&url)),
                     _ => out.others.push(part.get().to_string()),
                 },
-                Some("input_image") => match p.image_url.as_ref().map(ImageUrl::url) {
-                    Some(url) if url.starts_with("data:") => {
-                        let (mime, data) = split_data_url(url);
-                        texts.push(finder.image(data, mime, lifetime));
+                Some("input_image" | "image_url") => {
+                    match p.image_url.as_ref().map(ImageUrl::url) {
+                        Some(url) if url.starts_with("data:") => {
+                            let (mime, data) = split_data_url(url);
+                            texts.push(finder.image(data, mime, lifetime));
+                        }
+                        Some(url) => texts.push(finder.remote(url)),
+                        None => out.others.push(part.get().to_string()),
                     }
-                    Some(url) => texts.push(finder.remote(url)),
-                    None => out.others.push(part.get().to_string()),
-                },
+                }
                 _ => out.others.push(part.get().to_string()),
             }
             if last && out.others.len() > others_before {

@@ -227,6 +227,12 @@ async fn answer(
             );
         }
     };
+    if let Some(refusal) = provider_rules(dialect, &request) {
+        return json_response(
+            400,
+            json!({"error": {"message": refusal, "type": "invalid_request_error"}}).to_string(),
+        );
+    }
     let reply = reply.unwrap_or_else(|| directive(&recorded.body));
     let content = match &reply {
         Reply::ToolCall { name, arguments } => Content::Tool(name.clone(), arguments.clone()),
@@ -334,6 +340,94 @@ where
         .header("cache-control", "no-cache")
         .body(BodyExt::boxed(StreamBody::new(frames)))
         .expect("response")
+}
+
+/// The image rules the real providers enforce (WIRE.md), so a test sees the request a provider
+/// would refuse: OpenAI chat takes images only in user messages; Anthropic measures an image's
+/// base64 text against 5 MiB, its long edge against 8000 px (2000 px once a request holds more
+/// than 20 images), takes at most 100, and wants the media type to match the bytes.
+fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
+    match dialect {
+        Dialect::Chat => {
+            for m in request["messages"].as_array()? {
+                let has_image = m["content"]
+                    .as_array()
+                    .is_some_and(|parts| parts.iter().any(|p| p["type"] == "image_url"));
+                if has_image && m["role"] != "user" {
+                    return Some(format!(
+                        "Image URLs are only allowed for messages with role 'user', but this message with role '{}' contains an image URL.",
+                        m["role"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+            None
+        }
+        Dialect::Anthropic => {
+            let mut images = Vec::new();
+            for m in request["messages"].as_array()? {
+                for block in m["content"].as_array().into_iter().flatten() {
+                    if block["type"] == "image" {
+                        images.push(block.clone());
+                    }
+                    for inner in block["content"].as_array().into_iter().flatten() {
+                        if inner["type"] == "image" {
+                            images.push(inner.clone());
+                        }
+                    }
+                }
+            }
+            if images.len() > 100 {
+                return Some("too many images".into());
+            }
+            let limit = if images.len() > 20 { 2000 } else { 8000 };
+            for image in &images {
+                let source = &image["source"];
+                if source["type"] != "base64" {
+                    continue;
+                }
+                let data = source["data"].as_str().unwrap_or("");
+                if data.len() > 5_242_880 {
+                    return Some(format!(
+                        "image exceeds 5 MB maximum: {} bytes > 5242880 bytes",
+                        data.len()
+                    ));
+                }
+                let Ok(bytes) =
+                    base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data)
+                else {
+                    return Some("image data is not valid base64".into());
+                };
+                let format = image::guess_format(&bytes).ok();
+                let mime = match format {
+                    Some(image::ImageFormat::Png) => "image/png",
+                    Some(image::ImageFormat::Jpeg) => "image/jpeg",
+                    Some(image::ImageFormat::Gif) => "image/gif",
+                    Some(image::ImageFormat::WebP) => "image/webp",
+                    _ => return Some("Could not process image".into()),
+                };
+                if source["media_type"] != mime {
+                    return Some(format!(
+                        "Image does not match the provided media type {}",
+                        source["media_type"]
+                    ));
+                }
+                let Some((w, h)) = format.and_then(|f| {
+                    image::ImageReader::with_format(std::io::Cursor::new(&bytes), f)
+                        .into_dimensions()
+                        .ok()
+                }) else {
+                    return Some("Could not process image".into());
+                };
+                if w.max(h) > limit {
+                    return Some(format!(
+                        "image dimensions exceed max allowed size: {limit} pixels"
+                    ));
+                }
+            }
+            None
+        }
+        Dialect::Responses => None,
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -276,3 +276,24 @@ pub async fn get_as(sluice: &Sluice, path: &str, key: &str) -> reqwest::Response
         .await
         .unwrap()
 }
+
+/// A real encoded test picture of `w`×`h` in `format` (PNG, JPEG, GIF or WebP).
+pub fn picture(w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x ^ y) % 251) as u8])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    match format {
+        image::ImageFormat::WebP => image::DynamicImage::ImageRgb8(img)
+            .to_rgba8()
+            .write_with_encoder(image::codecs::webp::WebPEncoder::new_lossless(&mut out))
+            .unwrap(),
+        _ => img.write_to(&mut out, format).unwrap(),
+    }
+    out.into_inner()
+}
+
+/// Standard base64.
+pub fn b64(bytes: &[u8]) -> String {
+    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
+}

@@ -1,0 +1,335 @@
+//! End-to-end: images (SPEC sections 4 and 5) through the real binary, against a mock that
+//! enforces the providers' image rules. Each request that fails when sent straight to the
+//! provider is accepted through sluice, and the model sees the pictures it can see.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use common::{b64, client, config_for, metric, picture, post, post_as, MockUpstream, Sluice};
+use image::ImageFormat;
+use serde_json::{json, Value};
+
+fn chat_tool(content: Value) -> Value {
+    json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "take a screenshot"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": content},
+        {"role": "user", "content": "what do you see?"}
+    ]})
+}
+
+fn anthropic_tool(content: Value) -> Value {
+    json!({"model": "claude-x", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "take a screenshot"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "screenshot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": content}]}
+    ]})
+}
+
+fn mcp_image(bytes: &[u8], mime: &str) -> String {
+    json!({"content": [{"type": "text", "text": "Screenshot taken."},
+                       {"type": "image", "data": b64(bytes), "mimeType": mime}]})
+    .to_string()
+}
+
+/// Sends `body` straight to the mock, as a client without sluice would.
+async fn direct(mock: &MockUpstream, path: &str, body: &Value) -> u16 {
+    client()
+        .post(format!("{}{path}", mock.base_url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn openai_chat_tool_images_move_to_a_user_message_after_the_turn_a7() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    let png = picture(64, 48, ImageFormat::Png);
+    // An MCP result stringified into the tool text, as agents do.
+    let body = chat_tool(json!(mcp_image(&png, "image/png")));
+    // The same image as a native part of the tool message: the provider refuses it.
+    let native = chat_tool(
+        json!([{"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", b64(&png))}}]),
+    );
+    assert_eq!(direct(&mock, "/v1/chat/completions", &native).await, 400);
+    for body in [body, native] {
+        let resp = post(&sluice, "/v1/chat/completions", &body).await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        let seen = mock.last().json();
+        let messages = seen["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 5, "one user message added");
+        let tool = messages[2]["content"].to_string();
+        assert!(tool.contains("[image #1: image/png 64×48, "), "{tool}");
+        assert!(
+            !tool.contains(&b64(&png)),
+            "no image bytes left in the tool message"
+        );
+        assert_eq!(
+            messages[3]["role"], "user",
+            "right after the turn's tool messages"
+        );
+        assert!(messages[3]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("[image #1: image/png 64×48"));
+        assert_eq!(
+            messages[3]["content"][1]["image_url"]["url"],
+            format!("data:image/png;base64,{}", b64(&png))
+        );
+        assert_eq!(messages[4]["content"], "what do you see?");
+    }
+}
+
+#[tokio::test]
+async fn every_image_type_is_read_from_its_bytes_and_bad_ones_cost_a_placeholder_m2() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    let png = picture(40, 30, ImageFormat::Png);
+    let bomb = {
+        // A PNG header claiming 100,000 × 100,000 px.
+        let mut v = png[..16].to_vec();
+        v.extend_from_slice(&100_000u32.to_be_bytes());
+        v.extend_from_slice(&100_000u32.to_be_bytes());
+        v.extend_from_slice(&png[24..]);
+        v
+    };
+    let items: Vec<Value> = [
+        (picture(40, 30, ImageFormat::Png), "image/png"),
+        (picture(40, 30, ImageFormat::Jpeg), "image/jpeg"),
+        (picture(40, 30, ImageFormat::Gif), "image/gif"),
+        (picture(40, 30, ImageFormat::WebP), "image/webp"),
+        (picture(40, 30, ImageFormat::Png), "image/jpeg"), // mislabelled
+        (png[..png.len() / 2].to_vec(), "image/png"),      // truncated
+        (b"just some text".to_vec(), "image/png"),         // not an image
+        (bomb, "image/png"),                               // decompression bomb header
+        (Vec::new(), "image/png"),                         // zero bytes
+    ]
+    .iter()
+    .map(|(bytes, mime)| json!({"type": "image", "data": b64(bytes), "mimeType": mime}))
+    .chain(std::iter::once(
+        json!({"type": "image", "data": "@@not base64@@", "mimeType": "image/png"}),
+    ))
+    .collect();
+    let body = anthropic_tool(json!(json!({"content": items}).to_string()));
+    assert_eq!(
+        direct(&mock, "/v1/messages", &body).await,
+        200,
+        "stringified images are just text to the provider"
+    );
+    let resp = post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-sluice-projection"],
+        "spilled=0; embedded=5; deferred=0; refused=5; placeholders=0"
+    );
+    let seen = mock.last().json();
+    let content = seen["messages"][2]["content"][0]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let text = content[0]["text"].as_str().unwrap();
+    for reason in [
+        "damaged or incomplete",
+        "not a PNG, JPEG, GIF or WebP",
+        "is empty",
+        "not valid base64",
+    ] {
+        assert!(text.contains(reason), "{reason}: {text}");
+    }
+    let media: Vec<&str> = content[1..]
+        .iter()
+        .map(|b| b["source"]["media_type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        media,
+        [
+            "image/png",
+            "image/jpeg",
+            "image/gif",
+            "image/webp",
+            "image/png"
+        ],
+        "mislabelled png relabelled"
+    );
+    let metrics = sluice.metrics().await;
+    assert_eq!(
+        metric(&metrics, "sluice_images_total{outcome=\"embedded\""),
+        5.0
+    );
+    assert_eq!(
+        metric(&metrics, "sluice_images_total{outcome=\"refused\""),
+        5.0
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_image_is_refused_or_downscaled_deterministically_a6() {
+    let mock = MockUpstream::start();
+    // A noisy PNG (incompressible) whose base64 text is over 5 MiB.
+    let big = {
+        let img = image::RgbImage::from_fn(1800, 1400, |x, y| {
+            let v = (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503))
+                .wrapping_mul(2_246_822_519);
+            image::Rgb([(v >> 24) as u8, (v >> 16) as u8, (v >> 8) as u8])
+        });
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, ImageFormat::Png).unwrap();
+        out.into_inner()
+    };
+    assert!(
+        b64(&big).len() > 5_242_880,
+        "over Anthropic's 5 MiB base64 limit"
+    );
+    let body = anthropic_tool(
+        json!([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&big)}}]),
+    );
+    assert_eq!(direct(&mock, "/v1/messages", &body).await, 400);
+    // Default route: refused once, with its reason; the request goes through.
+    let sluice = Sluice::in_front_of(&mock);
+    let resp = post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = mock.last().json()["messages"][2]["content"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(text.contains("not shown: the image data is"), "{text}");
+    drop(sluice);
+    // With downscale: resized to fit, the same bytes every time and after a restart.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_string();
+    let config = format!(
+        "{}\n[routes.images]\ndownscale = true\n",
+        config_for(&mock.base_url(), "")
+    );
+    let env = [("SLUICE_STORE__DATA_DIR", data.as_str())];
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let sluice = Sluice::start_with(&config, &env);
+        for _ in 0..2 {
+            let resp = post(&sluice, "/v1/messages", &body).await;
+            assert_eq!(resp.status(), 200);
+            let block = mock.last().json()["messages"][2]["content"][0]["content"][1].clone();
+            assert_eq!(block["type"], "image");
+            assert!(block["source"]["data"].as_str().unwrap().len() <= 5_242_880);
+            seen.push(block);
+        }
+        let metrics = sluice.metrics().await;
+        assert_eq!(metric(&metrics, "sluice_downscales_total"), 2.0);
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0] == w[1]),
+        "identical bytes, also after a restart"
+    );
+}
+
+#[tokio::test]
+async fn more_than_twenty_images_with_a_large_one_keeps_the_request_acceptable() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&format!(
+        "{}\n[routes.images]\nmax_images = 100\n",
+        config_for(&mock.base_url(), "")
+    ));
+    let small = b64(&picture(16, 16, ImageFormat::Png));
+    let large = b64(&picture(2400, 10, ImageFormat::Png));
+    let mut blocks: Vec<Value> = (0..22)
+        .map(|i| json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": if i == 0 { &large } else { &small }}}))
+        .collect();
+    blocks.push(json!({"type": "text", "text": "what changed?"}));
+    let body = json!({"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": blocks}]});
+    assert_eq!(direct(&mock, "/v1/messages", &body).await, 400);
+    let resp = post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    assert_eq!(
+        resp.headers()["x-sluice-projection"],
+        "spilled=0; embedded=20; deferred=2; refused=0; placeholders=0"
+    );
+    let content = mock.last().json()["messages"][0]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.iter().filter(|b| b["type"] == "image").count(), 20);
+    assert!(content[21]["text"]
+        .as_str()
+        .unwrap()
+        .contains("not shown in this request"));
+}
+
+#[tokio::test]
+async fn a_text_only_route_gets_placeholders_a1() {
+    let mock = MockUpstream::start();
+    let config = config_for(&mock.base_url(), "").replace(
+        "dialects = [\"openai-chat\", \"openai-responses\"]",
+        "dialects = [\"openai-chat\", \"openai-responses\"]\ninput_modalities = [\"text\"]",
+    );
+    let sluice = Sluice::start(&config);
+    let png = picture(8, 8, ImageFormat::Png);
+    let mut body = chat_tool(json!(mcp_image(&png, "image/png")));
+    body["messages"][0]["content"] = json!([{"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", b64(&png))}}]);
+    let resp = post(&sluice, "/v1/chat/completions", &body).await;
+    assert_eq!(
+        resp.headers()["x-sluice-projection"],
+        "spilled=0; embedded=0; deferred=0; refused=0; placeholders=2"
+    );
+    let seen = mock.last().json();
+    assert_eq!(
+        seen["messages"].as_array().unwrap().len(),
+        4,
+        "no image message added"
+    );
+    assert!(seen["messages"][0]["content"][1]["text"]
+        .as_str()
+        .unwrap()
+        .contains("no visual content was provided"));
+    assert!(seen["messages"][2]["content"]
+        .as_str()
+        .unwrap()
+        .contains("no visual content was provided"));
+    assert!(!seen.to_string().contains(&b64(&png)));
+}
+
+#[tokio::test]
+async fn responses_keep_images_in_the_function_call_output_and_media_is_stored_m4() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    let jpeg = picture(50, 20, ImageFormat::Jpeg);
+    let body = json!({"model": "gpt-5", "input": [
+        {"type": "function_call", "call_id": "fc1", "name": "screenshot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "fc1", "output": mcp_image(&jpeg, "image/jpeg")}
+    ]});
+    let resp = post_as(&sluice, "/v1/responses", "sk-a", &body).await;
+    assert_eq!(resp.status(), 200);
+    let seen = mock.last().json();
+    let output = seen["input"][1]["output"].as_array().unwrap();
+    assert_eq!(output[0]["type"], "input_text");
+    assert_eq!(output[1]["type"], "input_image");
+    assert_eq!(
+        output[1]["image_url"],
+        format!("data:image/jpeg;base64,{}", b64(&jpeg))
+    );
+    let text = output[0]["text"].as_str().unwrap();
+    let at = text.find("artifact://").unwrap() + 11;
+    let id: String = text[at..].chars().take(33).collect();
+    let stored = client()
+        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth("sk-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stored.status(), 200);
+    assert_eq!(stored.headers()["content-type"], "image/jpeg");
+    assert_eq!(stored.bytes().await.unwrap().to_vec(), jpeg);
+    let other = client()
+        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth("sk-b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 404);
+}
