@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use crate::attach::extract::Extracted;
 use crate::attach::{self, Embedded, Item, Limits, Media, Outcome};
-use crate::config::{Modality, RouteConfig};
+use crate::config::{Lifetime, Modality, RouteConfig};
 use crate::dialect::Dialect;
 use crate::exit::{self, text::Budget};
+use crate::store::ArtifactId;
 use crate::tenant::Tenant;
 
 /// A half-open byte range `[start, end)` in the request body.
@@ -127,6 +128,37 @@ pub struct Projection {
     pub memos: Vec<(u128, exit::Memoized)>,
     /// What happened to each image, for the metrics.
     pub images: Vec<ImageEvent>,
+    /// Every image of the request in arrival order, with its source and lifetime (M5), for
+    /// the delivery state.
+    pub attachments: Vec<Attachment>,
+}
+
+/// An image of the request as the delivery state sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// The tool call (`tool_call_id`, `call_id`, `tool_use_id`) or `user:<message index>`.
+    pub source: String,
+    /// Its number within the source.
+    pub k: usize,
+    pub id: Option<ArtifactId>,
+    pub lifetime: Lifetime,
+    pub outcome: &'static str,
+}
+
+/// An image's lifetime (M5): the hint on the item, else the first `tool_lifetimes` glob that
+/// matches the tool's name, else the route's default.
+fn lifetime_of(item: &Item, tool: Option<&str>, route: &RouteConfig) -> Lifetime {
+    if let Some(hint) = item.lifetime {
+        return hint;
+    }
+    if let Some(tool) = tool {
+        for (glob, lifetime) in &route.tool_lifetimes {
+            if globset::Glob::new(glob).is_ok_and(|g| g.compile_matcher().is_match(tool)) {
+                return *lifetime;
+            }
+        }
+    }
+    route.images.default_lifetime
 }
 
 /// One image's fate in a request.
@@ -186,16 +218,20 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
         })
         .collect();
     let mut per_message = std::collections::HashMap::new();
-    let users: Vec<Option<Item>> = view
+    let users: Vec<Option<Arc<Item>>> = view
         .user_images
         .iter()
         .map(|u| {
             let k = per_message.entry(u.item).or_insert(0usize);
             *k += 1;
-            attach::extract::user_part(u.part, *k, ctx.tenant)
+            let (found, fresh) = ctx.media.user_part(u.part, *k, ctx.tenant);
+            if fresh {
+                out.spills
+                    .extend(media_artifacts(found.iter().map(|i| &**i)));
+            }
+            found
         })
         .collect();
-    out.spills.extend(media_artifacts(users.iter().flatten()));
     // Every image, in arrival (document) order.
     let mut places: Vec<(usize, usize, Place)> = Vec::new();
     for (ri, e) in extracted.iter().enumerate() {
@@ -213,7 +249,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
     let item_at = |place: Place| -> Option<&Item> {
         match place {
             Place::Tool(ri, ii) => extracted[ri].as_ref().map(|e| &e.items[ii]),
-            Place::User(ui) => users[ui].as_ref(),
+            Place::User(ui) => users[ui].as_deref(),
         }
     };
     let items: Vec<&Item> = places.iter().filter_map(|&(_, _, p)| item_at(p)).collect();
@@ -232,7 +268,24 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
         .collect();
     let mut user_outcomes: Vec<Option<Outcome>> = vec![None; users.len()];
     for ((_, _, place), outcome) in places.iter().zip(decided) {
-        out.images.push(event(&outcome));
+        let ev = event(&outcome);
+        out.images.push(ev);
+        if let Some(item) = item_at(*place) {
+            let (source, tool) = match *place {
+                Place::Tool(ri, _) => {
+                    let r = &view.tool_results[ri];
+                    (r.source.to_string(), r.tool_name.as_deref())
+                }
+                Place::User(ui) => (format!("user:{}", view.user_images[ui].item), None),
+            };
+            out.attachments.push(Attachment {
+                source,
+                k: item.k,
+                id: item.id,
+                lifetime: lifetime_of(item, tool, ctx.route),
+                outcome: ev.outcome,
+            });
+        }
         match outcome {
             Outcome::Embed(_) | Outcome::KeepRemote => out.summary.embedded += 1,
             Outcome::Deferred => out.summary.deferred += 1,
@@ -616,6 +669,61 @@ mod tests {
             *before.pointer_mut(pointer).unwrap() = serde_json::json!("new");
             assert_eq!(before, after, "{dialect:?}");
         }
+    }
+
+    /// M5: the hint on the item, else the tool's glob, else the route default.
+    #[test]
+    fn each_image_gets_its_lifetime() {
+        use base64::Engine;
+        let png = crate::image::tests::encode(
+            &crate::image::tests::picture(4, 4),
+            ::image::ImageFormat::Png,
+        );
+        let data = base64::engine::general_purpose::STANDARD.encode(&png);
+        let mcp = |meta: serde_json::Value| {
+            serde_json::json!({"content": [{"type": "image", "data": data, "mimeType": "image/png", "_meta": meta}]}).to_string()
+        };
+        let body = serde_json::json!({"model": "m", "messages": [
+            {"role": "assistant", "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "take_screenshot", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "render", "arguments": "{}"}},
+                {"id": "c", "type": "function", "function": {"name": "take_screenshot", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": mcp(serde_json::json!({}))},
+            {"role": "tool", "tool_call_id": "b", "content": mcp(serde_json::json!({}))},
+            {"role": "tool", "tool_call_id": "c", "content": mcp(serde_json::json!({"sluice/lifetime": "retain"}))}
+        ]})
+        .to_string();
+        let view = Dialect::OpenAiChat.read_view(body.as_bytes()).unwrap();
+        let tenant = Tenant::from_credential(b"k");
+        let route = RouteConfig::default();
+        let (memo, media) = (exit::Memo::default(), attach::Memo::default());
+        let p = project(
+            &view,
+            &Context {
+                tenant: &tenant,
+                route: &route,
+                memo: &memo,
+                media: &media,
+            },
+        );
+        let lifetimes: Vec<_> = p
+            .attachments
+            .iter()
+            .map(|a| (a.source.as_str(), a.lifetime))
+            .collect();
+        assert_eq!(
+            lifetimes,
+            [
+                ("a", Lifetime::Recent),
+                ("b", Lifetime::Once),
+                ("c", Lifetime::Retain)
+            ]
+        );
+        assert!(
+            !String::from_utf8_lossy(&splice(&Bytes::from(body.clone()), p.edits).unwrap())
+                .contains("sluice/lifetime"),
+            "hint stripped"
+        );
     }
 
     proptest! {

@@ -266,6 +266,7 @@ const SHRINK_MEMO_BYTES: u64 = 32 * 1024 * 1024;
 /// Caches of the media stage, shared by all workers.
 pub struct Memo {
     extracted: moka::sync::Cache<u128, Option<Arc<extract::Extracted>>>,
+    users: moka::sync::Cache<u128, Option<Arc<Item>>>,
     shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
     seed: u64,
 }
@@ -288,6 +289,19 @@ impl Default for Memo {
                                         }
                                 })
                                 .sum::<usize>()
+                    });
+                    u32::try_from(bytes + 64).unwrap_or(u32::MAX)
+                })
+                .build(),
+            users: moka::sync::Cache::builder()
+                .max_capacity(EXTRACT_MEMO_BYTES / 2)
+                .weigher(|_, v: &Option<Arc<Item>>| {
+                    let bytes = v.as_ref().map_or(0, |i| {
+                        i.base64.as_ref().map_or(0, |b| b.len())
+                            + match &i.media {
+                                Media::Image(c) => c.bytes.len(),
+                                _ => 0,
+                            }
                     });
                     u32::try_from(bytes + 64).unwrap_or(u32::MAX)
                 })
@@ -324,6 +338,27 @@ impl Memo {
         }
         let found = extract::tool_result(content, tenant).map(Arc::new);
         self.extracted.insert(key, found.clone());
+        (found, true)
+    }
+
+    /// A user message's image part, checked once per content and tenant. The flag says whether
+    /// this call checked it (its artifact is new).
+    pub fn user_part(
+        &self,
+        part: &serde_json::value::RawValue,
+        k: usize,
+        tenant: &crate::tenant::Tenant,
+    ) -> (Option<Arc<Item>>, bool) {
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
+        h.update(tenant.key());
+        h.update(&(k as u64).to_le_bytes());
+        h.update(part.get().as_bytes());
+        let key = h.digest128();
+        if let Some(known) = self.users.get(&key) {
+            return (known, false);
+        }
+        let found = extract::user_part(part, k, tenant).map(Arc::new);
+        self.users.insert(key, found.clone());
         (found, true)
     }
 
