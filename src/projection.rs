@@ -473,7 +473,7 @@ fn render_tool_content(
 /// A user image part as it must be sent, or `None` to leave its bytes untouched (P1).
 fn render_user_part(
     dialect: Dialect,
-    part: &RawValue,
+    part_raw: &RawValue,
     item: &Item,
     outcome: &Outcome,
 ) -> Option<String> {
@@ -488,7 +488,7 @@ fn render_user_part(
         Outcome::Embed(em) => {
             // Rewrite the part with the right label (and the smaller bytes), keeping its other
             // fields (`detail`, `cache_control`).
-            let mut value: serde_json::Value = serde_json::from_str(part.get()).ok()?;
+            let mut value: serde_json::Value = serde_json::from_str(part_raw.get()).ok()?;
             match dialect {
                 Dialect::AnthropicMessages => {
                     value["source"] = serde_json::json!({
@@ -502,10 +502,24 @@ fn render_user_part(
         }
         other => {
             let text = attach::note(item, other).unwrap_or_else(|| item.reference());
-            Some(format!(
-                r#"{{"type":"{text_type}","text":{}}}"#,
-                json_string(&text)
-            ))
+            let mut part = format!(r#"{{"type":"{text_type}","text":{}"#, json_string(&text));
+            // Anthropic blocks may carry a cache breakpoint; it stays where it was (P2).
+            if dialect == Dialect::AnthropicMessages {
+                #[derive(serde::Deserialize)]
+                struct Marker<'a> {
+                    #[serde(borrow)]
+                    cache_control: Option<&'a RawValue>,
+                }
+                if let Some(cc) = serde_json::from_str::<Marker>(part_raw.get())
+                    .ok()
+                    .and_then(|m| m.cache_control)
+                {
+                    part.push_str(",\"cache_control\":");
+                    part.push_str(cc.get());
+                }
+            }
+            part.push('}');
+            Some(part)
         }
     }
 }

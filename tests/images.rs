@@ -333,3 +333,50 @@ async fn responses_keep_images_in_the_function_call_output_and_media_is_stored_m
         .unwrap();
     assert_eq!(other.status(), 404);
 }
+
+#[tokio::test]
+async fn a_wrong_media_type_and_an_over_8000_px_image_no_longer_fail_the_request() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    let png = b64(&picture(12, 12, ImageFormat::Png));
+    let wide = b64(&picture(8001, 2, ImageFormat::Png));
+    let body = json!({"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": png}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": wide}, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "compare"}
+    ]}]});
+    assert_eq!(direct(&mock, "/v1/messages", &body).await, 400);
+    let resp = post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let content = mock.last().json()["messages"][0]["content"].clone();
+    assert_eq!(
+        content[0]["source"]["media_type"], "image/png",
+        "relabelled by its bytes"
+    );
+    assert_eq!(content[0]["source"]["data"], png.as_str());
+    assert_eq!(
+        content[1]["type"], "text",
+        "refused, stated once in a placeholder"
+    );
+    assert!(content[1]["text"]
+        .as_str()
+        .unwrap()
+        .contains("8001×2 px, over the limit of 8000 px"));
+    assert_eq!(
+        content[1]["cache_control"]["type"], "ephemeral",
+        "P2: the breakpoint stays"
+    );
+    assert_eq!(content[2]["text"], "compare");
+    // An image that needs no change is left byte for byte as the client sent it (P1).
+    let fine = json!({"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "text", "text": "ok"}]}]});
+    let bytes = serde_json::to_vec(&fine).unwrap();
+    client()
+        .post(sluice.url("/v1/messages"))
+        .body(bytes.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(&mock.last().body[..], &bytes[..]);
+}
