@@ -177,5 +177,73 @@ fn round_trip(c: &mut Criterion) {
     let _ = runtime.block_on(serving);
 }
 
-criterion_group!(benches, view, round_trip);
+/// A noisy (incompressible) PNG of `w`×`h`, like a busy screenshot.
+fn noisy_png(w: u32, h: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        let v =
+            (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)).wrapping_mul(2_246_822_519);
+        image::Rgb([(v >> 24) as u8, (v >> 16) as u8, (v >> 8) as u8])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+fn images(c: &mut Criterion) {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let tenant = Tenant::from_credential(b"bench");
+    let png = noisy_png(900, 780);
+    let data = engine.encode(&png);
+    let content = serde_json::value::RawValue::from_string(
+        serde_json::Value::String(
+            json!({"content": [{"type": "text", "text": "Screenshot taken."},
+                               {"type": "image", "data": data, "mimeType": "image/png"}]})
+            .to_string(),
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let mut group = c.benchmark_group("images");
+    group.throughput(Throughput::Bytes(png.len() as u64));
+    group.bench_function("base64_decode_twice/2mb_screenshot", |b| {
+        b.iter(|| {
+            black_box(engine.decode(black_box(&data)).unwrap());
+            black_box(engine.decode(black_box(&data)).unwrap());
+        })
+    });
+    group.bench_function("extract_and_check/2mb_screenshot", |b| {
+        b.iter(|| {
+            black_box(sluice::attach::extract::tool_result(
+                black_box(&content),
+                &tenant,
+            ))
+        })
+    });
+    let memo = sluice::attach::Memo::default();
+    memo.tool_result(&content, &tenant);
+    group.bench_function("extract_and_check_remembered/2mb_screenshot", |b| {
+        b.iter(|| black_box(memo.tool_result(black_box(&content), &tenant)))
+    });
+    let photo = {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(4000, 3000, |x, y| {
+            image::Rgb([
+                (x % 256) as u8,
+                (y % 256) as u8,
+                ((x / 16 + y / 16) % 256) as u8,
+            ])
+        }))
+        .write_to(&mut out, image::ImageFormat::Jpeg)
+        .unwrap();
+        sluice::image::check(out.into_inner().into(), Some("image/jpeg")).unwrap()
+    };
+    group.sample_size(10);
+    group.bench_function("downscale/4000x3000_jpeg_to_2000px", |b| {
+        b.iter(|| black_box(sluice::image::downscale(&photo, 2000, 5 << 20).unwrap()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, view, images, round_trip);
 criterion_main!(benches);
