@@ -740,6 +740,78 @@ mod tests {
         );
     }
 
+    /// Arbitrary JSON values, biased towards the shapes projection looks at.
+    fn arb_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::json;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "(\\PC|\\n|data:image/png;base64,|iVBORw0KGgo=|image|\"){0,40}"
+                .prop_map(serde_json::Value::from),
+            Just(json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"})),
+            Just(json!({"type": "text", "text": "x".repeat(50)})),
+            Just(
+                json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}})
+            ),
+            Just(json!({"type": "input_image", "image_url": "data:image/gif;base64,R0lGODlh"})),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::vec(
+                    ("(type|content|text|data|role|image_url|output)", inner),
+                    0..4
+                )
+                .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// S5, P2: whatever a client sends, projection never panics, and a JSON request stays
+        /// JSON after its edits are spliced in; with no edits it is unchanged (P1).
+        #[test]
+        fn projection_never_breaks_json(content in arb_value(), user in arb_value(), small in any::<bool>()) {
+            use serde_json::json;
+            let mut route = RouteConfig::default();
+            if small {
+                route.exit.max_lines = 3;
+                route.exit.max_units = 1024;
+                route.images.max_images = 1;
+            }
+            let tenant = Tenant::from_credential(b"k");
+            let (memo, media) = (exit::Memo::default(), attach::Memo::default());
+            let bodies = [
+                (Dialect::OpenAiChat, json!({"model": "m", "messages": [
+                    {"role": "user", "content": user.clone()},
+                    {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "c", "content": content.clone()},
+                    {"role": "tool", "tool_call_id": "d", "content": content.to_string()}]})),
+                (Dialect::OpenAiResponses, json!({"model": "m", "input": [
+                    {"role": "user", "content": user.clone()},
+                    {"type": "function_call_output", "call_id": "c", "output": content.clone()},
+                    {"type": "function_call_output", "call_id": "d", "output": content.to_string()}]})),
+                (Dialect::AnthropicMessages, json!({"model": "m", "messages": [
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c", "content": content.clone()},
+                                                 {"type": "tool_result", "tool_use_id": "d", "content": content.to_string()}]},
+                    {"role": "user", "content": user.clone()}]})),
+            ];
+            for (dialect, body) in bodies {
+                let body = Bytes::from(body.to_string());
+                let view = dialect.read_view(&body).unwrap();
+                let p = project(&view, &Context { tenant: &tenant, route: &route, memo: &memo, media: &media });
+                let unchanged = p.edits.is_empty();
+                let out = splice(&body, p.edits).unwrap();
+                prop_assert!(serde_json::from_slice::<serde_json::Value>(&out).is_ok(), "{dialect:?}: {}", String::from_utf8_lossy(&out));
+                if unchanged {
+                    prop_assert_eq!(&out, &body);
+                }
+            }
+        }
+    }
+
     proptest! {
         /// P2: whatever edits are made, the bytes between them are the original bytes.
         #[test]
