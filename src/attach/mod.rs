@@ -3,6 +3,7 @@
 //! back in its dialect (A7). Pure: decisions and text; the caller edits and stores.
 
 pub mod extract;
+pub mod state;
 
 use std::sync::Arc;
 

@@ -3,6 +3,7 @@
 //! knows a provider's JSON shapes.
 
 mod anthropic;
+pub mod completion;
 pub mod openai_chat;
 mod openai_responses;
 

@@ -1,0 +1,380 @@
+//! Delivery state (SPEC A2-A5, A9, A10): per session, what the model has been shown of each
+//! attachment, and what that means for the next request. Pure: [`plan`] reads a state and a
+//! request's candidates; [`settle`] turns what the request embedded into a [`Delta`]; the
+//! caller applies the delta only once the response completed (A9).
+//!
+//! Every status only moves forward (unviewed → viewed → pruned; anything → released), and
+//! [`apply`] takes the furthest of the two, so applying deltas in any order, or twice, gives the
+//! same state: two concurrent requests of one session never lose each other's changes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Lifetime;
+
+/// Where an attachment is in its life. Ordered: a status never goes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Status {
+    Unviewed,
+    /// A response that carried it completed.
+    Viewed,
+    /// Removed by `recent` pruning (A4); never shown again.
+    Pruned,
+    /// Its source left the history, or a hard budget let it go (A5, A10); never shown again.
+    Released,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub status: Status,
+    pub lifetime: Lifetime,
+}
+
+/// One session's delivery state, by attachment identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub records: BTreeMap<String, Record>,
+}
+
+/// An attachment of the request, in arrival order (A2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Identity independent of position: source, index in source, content hash.
+    pub key: String,
+    pub lifetime: Lifetime,
+    /// False for images that can never be shown here (refused, or the route takes none).
+    pub showable: bool,
+}
+
+/// What the state says about one candidate before budgets are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// May be embedded, budgets permitting.
+    Eligible,
+    /// `once`, already shown: a placeholder.
+    Consumed,
+    /// Pruned, now or before: a placeholder.
+    Pruned,
+    /// Released before: a placeholder.
+    Released,
+    /// Not showable; nothing to track.
+    NotShowable,
+}
+
+/// Recent pruning parameters (A4).
+#[derive(Debug, Clone, Copy)]
+pub struct Recent {
+    pub count: usize,
+    pub batch: usize,
+}
+
+/// Decides every candidate: what the state allows, and which viewed `recent` images are pruned
+/// by this request (A3, A4). Pruning counts all active images, unviewed included; the excess
+/// over `recent.count` is rounded up to a multiple of `recent.batch`, capped at the viewed
+/// `recent` images, oldest first. Unviewed images are never pruned.
+pub fn plan(state: &SessionState, candidates: &[Candidate], recent: Recent) -> Vec<Decision> {
+    let status = |c: &Candidate| state.records.get(&c.key).map(|r| r.status);
+    let mut decisions: Vec<Decision> = candidates
+        .iter()
+        .map(|c| match (c.showable, status(c), c.lifetime) {
+            (false, _, _) => Decision::NotShowable,
+            (true, Some(Status::Released), _) => Decision::Released,
+            (true, Some(Status::Pruned), _) => Decision::Pruned,
+            (true, Some(Status::Viewed), Lifetime::Once) => Decision::Consumed,
+            _ => Decision::Eligible,
+        })
+        .collect();
+    let active = decisions
+        .iter()
+        .filter(|d| **d == Decision::Eligible)
+        .count();
+    if active > recent.count {
+        let viewed_recent: Vec<usize> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| {
+                decisions[*i] == Decision::Eligible
+                    && c.lifetime == Lifetime::Recent
+                    && status(c) == Some(Status::Viewed)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let batch = recent.batch.max(1);
+        let excess = (active - recent.count).div_ceil(batch) * batch;
+        for &i in viewed_recent.iter().take(excess) {
+            decisions[i] = Decision::Pruned;
+        }
+    }
+    decisions
+}
+
+/// The state changes of one request, to apply only if its response completes (A9).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    pub records: BTreeMap<String, Record>,
+}
+
+/// What the request did: `embedded[i]` says whether candidate `i` was embedded (after budgets).
+/// Embedded candidates become viewed; those pruned by the plan are pruned; an unselected viewed
+/// `recent` image is released (A5); attachments of the state whose source is gone from the
+/// history are released for good (A10).
+pub fn settle(
+    state: &SessionState,
+    candidates: &[Candidate],
+    decisions: &[Decision],
+    embedded: &[bool],
+) -> Delta {
+    let mut delta = Delta::default();
+    for ((c, d), &shown) in candidates.iter().zip(decisions).zip(embedded) {
+        let before = state.records.get(&c.key).map(|r| r.status);
+        let status = match d {
+            Decision::Pruned => Status::Pruned,
+            Decision::Eligible if shown => Status::Viewed,
+            Decision::Eligible
+                if c.lifetime == Lifetime::Recent && before == Some(Status::Viewed) =>
+            {
+                Status::Released
+            }
+            Decision::Eligible => Status::Unviewed,
+            Decision::Consumed | Decision::Released | Decision::NotShowable => continue,
+        };
+        delta.records.insert(
+            c.key.clone(),
+            Record {
+                status,
+                lifetime: c.lifetime,
+            },
+        );
+    }
+    for (key, record) in &state.records {
+        if record.status != Status::Released && !candidates.iter().any(|c| &c.key == key) {
+            delta.records.insert(
+                key.clone(),
+                Record {
+                    status: Status::Released,
+                    lifetime: record.lifetime,
+                },
+            );
+        }
+    }
+    delta
+}
+
+/// Merges `delta` into `state`: each record keeps the furthest status (commutative, idempotent).
+pub fn apply(state: &mut SessionState, delta: &Delta) {
+    for (key, record) in &delta.records {
+        state
+            .records
+            .entry(key.clone())
+            .and_modify(|r| {
+                if record.status > r.status {
+                    r.status = record.status;
+                }
+            })
+            .or_insert(*record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn c(key: &str, lifetime: Lifetime) -> Candidate {
+        Candidate {
+            key: key.into(),
+            lifetime,
+            showable: true,
+        }
+    }
+
+    /// Runs one successful request: plan, embed every eligible one up to `max`, settle, apply.
+    fn turn(
+        state: &mut SessionState,
+        cands: &[Candidate],
+        recent: Recent,
+        max: usize,
+    ) -> Vec<String> {
+        let decisions = plan(state, cands, recent);
+        let mut n = 0;
+        let embedded: Vec<bool> = decisions
+            .iter()
+            .map(|d| {
+                let take = *d == Decision::Eligible && n < max;
+                n += usize::from(take);
+                take
+            })
+            .collect();
+        let delta = settle(state, cands, &decisions, &embedded);
+        apply(state, &delta);
+        cands
+            .iter()
+            .zip(&embedded)
+            .filter(|(_, e)| **e)
+            .map(|(c, _)| c.key.clone())
+            .collect()
+    }
+
+    #[test]
+    fn recent_prunes_in_batches_a4() {
+        // SPEC issue: recent_count 3, prune_batch 2, one new screenshot a turn for 8 turns.
+        let recent = Recent { count: 3, batch: 2 };
+        let mut state = SessionState::default();
+        let mut history = Vec::new();
+        let mut shown = Vec::new();
+        for t in 1..=8 {
+            history.push(c(&format!("s{t}"), Lifetime::Recent));
+            shown.push(turn(&mut state, &history, recent, 20).len());
+        }
+        assert_eq!(shown, [1, 2, 3, 2, 3, 2, 3, 2]);
+    }
+
+    #[test]
+    fn once_is_shown_in_one_successful_response_a3() {
+        let recent = Recent { count: 3, batch: 2 };
+        let mut state = SessionState::default();
+        let history = [c("a", Lifetime::Once)];
+        // A failed request: planned and settled, never applied. Nothing consumed (A9).
+        let decisions = plan(&state, &history, recent);
+        let _unapplied = settle(&state, &history, &decisions, &[true]);
+        assert_eq!(plan(&state, &history, recent), [Decision::Eligible]);
+        assert_eq!(turn(&mut state, &history, recent, 20), ["a"]);
+        assert_eq!(plan(&state, &history, recent), [Decision::Consumed]);
+        assert!(turn(&mut state, &history, recent, 20).is_empty());
+    }
+
+    #[test]
+    fn retain_stays_while_its_source_does_and_a_gone_source_is_released_for_good_a10() {
+        let recent = Recent { count: 3, batch: 2 };
+        let mut state = SessionState::default();
+        let r = c("r", Lifetime::Retain);
+        for _ in 0..4 {
+            assert_eq!(
+                turn(&mut state, std::slice::from_ref(&r), recent, 20),
+                ["r"]
+            );
+        }
+        // The source leaves the history: released, and it never comes back.
+        turn(&mut state, &[], recent, 20);
+        assert_eq!(state.records["r"].status, Status::Released);
+        assert_eq!(
+            plan(&state, std::slice::from_ref(&r), recent),
+            [Decision::Released]
+        );
+    }
+
+    #[test]
+    fn under_a_hard_budget_viewed_recent_is_released_unviewed_waits_retain_retries_a5() {
+        let recent = Recent {
+            count: 10,
+            batch: 1,
+        };
+        let mut state = SessionState::default();
+        let first = [c("v", Lifetime::Recent)];
+        turn(&mut state, &first, recent, 20);
+        let all = [
+            c("v", Lifetime::Recent),
+            c("u", Lifetime::Recent),
+            c("k", Lifetime::Retain),
+        ];
+        turn(&mut state, &all, recent, 0); // no room at all this time
+        assert_eq!(state.records["v"].status, Status::Released);
+        assert_eq!(state.records["u"].status, Status::Unviewed);
+        assert_eq!(state.records["k"].status, Status::Unviewed);
+        assert_eq!(turn(&mut state, &all, recent, 20), ["u", "k"]);
+    }
+
+    #[test]
+    fn deltas_merge_in_any_order() {
+        let mut a = SessionState::default();
+        let d1 = Delta {
+            records: BTreeMap::from([(
+                "x".into(),
+                Record {
+                    status: Status::Viewed,
+                    lifetime: Lifetime::Once,
+                },
+            )]),
+        };
+        let d2 = Delta {
+            records: BTreeMap::from([
+                (
+                    "x".into(),
+                    Record {
+                        status: Status::Unviewed,
+                        lifetime: Lifetime::Once,
+                    },
+                ),
+                (
+                    "y".into(),
+                    Record {
+                        status: Status::Unviewed,
+                        lifetime: Lifetime::Once,
+                    },
+                ),
+            ]),
+        };
+        let mut b = a.clone();
+        apply(&mut a, &d1);
+        apply(&mut a, &d2);
+        apply(&mut b, &d2);
+        apply(&mut b, &d1);
+        apply(&mut b, &d1);
+        assert_eq!(a, b);
+        assert_eq!(a.records["x"].status, Status::Viewed);
+    }
+
+    proptest! {
+        /// Random sessions with random failures: a failed request never changes state, a
+        /// request never embeds more than the budget, a pruned or released image never
+        /// returns, and a `once` image is shown in at most one successful response.
+        #[test]
+        fn random_sessions_keep_the_rules(
+            steps in proptest::collection::vec((0u8..4, any::<bool>(), 0usize..4, 0u8..3), 1..40),
+            count in 1usize..5,
+            batch in 1usize..4,
+            max in 0usize..6,
+        ) {
+            let recent = Recent { count, batch };
+            let mut state = SessionState::default();
+            let mut history: Vec<Candidate> = Vec::new();
+            let mut once_shown: BTreeMap<String, usize> = BTreeMap::new();
+            for (i, (lifetime, ok, drop_at, _)) in steps.into_iter().enumerate() {
+                let lifetime = [Lifetime::Once, Lifetime::Recent, Lifetime::Retain, Lifetime::Recent][lifetime as usize];
+                history.push(c(&format!("i{i}"), lifetime));
+                if drop_at < history.len() && i % 5 == 4 {
+                    history.remove(drop_at);
+                }
+                let before = state.clone();
+                let decisions = plan(&state, &history, recent);
+                let mut n = 0;
+                let embedded: Vec<bool> = decisions.iter().map(|d| {
+                    let take = *d == Decision::Eligible && n < max;
+                    n += usize::from(take);
+                    take
+                }).collect();
+                prop_assert!(embedded.iter().filter(|e| **e).count() <= max);
+                for (cand, (d, e)) in history.iter().zip(decisions.iter().zip(&embedded)) {
+                    if let Some(r) = before.records.get(&cand.key) {
+                        if matches!(r.status, Status::Pruned | Status::Released) {
+                            prop_assert!(!*e && *d != Decision::Eligible, "a pruned or released image returned");
+                        }
+                    }
+                }
+                let delta = settle(&state, &history, &decisions, &embedded);
+                if ok {
+                    apply(&mut state, &delta);
+                    for (cand, e) in history.iter().zip(&embedded) {
+                        if *e && cand.lifetime == Lifetime::Once {
+                            *once_shown.entry(cand.key.clone()).or_default() += 1;
+                        }
+                    }
+                } else {
+                    prop_assert_eq!(&state, &before, "a failed request changes nothing");
+                }
+                prop_assert!(once_shown.values().all(|n| *n <= 1));
+            }
+        }
+    }
+}
