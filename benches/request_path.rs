@@ -18,6 +18,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
+use sluice::attach::state::SessionState;
 use sluice::attach::Memo as MediaMemo;
 use sluice::config::{Config, RouteConfig};
 use sluice::dialect::Dialect;
@@ -83,6 +84,7 @@ fn view(c: &mut Criterion) {
                 route: &route,
                 memo,
                 media: &media,
+                state: &SessionState::default(),
             };
             let p = project(&view, &ctx);
             for (k, v) in p.memos {
@@ -101,6 +103,7 @@ fn view(c: &mut Criterion) {
                         route: &route,
                         memo: &memo,
                         media: &media,
+                        state: &SessionState::default(),
                     };
                     let projection = project(&view, &ctx);
                     drop(view);
@@ -121,6 +124,7 @@ fn view(c: &mut Criterion) {
                         route: &route,
                         memo: &memo,
                         media: &media,
+                        state: &SessionState::default(),
                     };
                     black_box(project(&view, &ctx));
                 })

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod projection;
 pub mod route;
 pub mod server;
+pub mod session;
 pub mod store;
 pub mod tenant;
 pub mod upstream;

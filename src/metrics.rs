@@ -64,6 +64,10 @@ pub struct Metrics {
     pub image_bytes_total: IntCounter,
     /// Images embedded after a downscale.
     pub downscales_total: IntCounter,
+    /// Delivery-state deltas by fate: committed, discarded (response incomplete), failed.
+    pub commits_total: IntCounterVec,
+    /// Session store operations by backend and op.
+    pub store_seconds: HistogramVec,
 }
 
 impl Metrics {
@@ -154,6 +158,20 @@ impl Metrics {
             "sluice_downscales_total",
             "Images embedded after a downscale.",
         )?;
+        let commits_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_commits_total",
+                "Delivery-state deltas: committed, discarded (response incomplete) or failed.",
+            ),
+            &["outcome"],
+        )?;
+        let store_seconds = HistogramVec::new(
+            HistogramOpts::new("sluice_store_seconds", "Session store operations.")
+                .buckets(OVERHEAD_BUCKETS.to_vec()),
+            &["backend", "op"],
+        )?;
+        registry.register(Box::new(commits_total.clone()))?;
+        registry.register(Box::new(store_seconds.clone()))?;
         registry.register(Box::new(images_total.clone()))?;
         registry.register(Box::new(image_bytes_total.clone()))?;
         registry.register(Box::new(downscales_total.clone()))?;
@@ -186,6 +204,8 @@ impl Metrics {
             images_total,
             image_bytes_total,
             downscales_total,
+            commits_total,
+            store_seconds,
         })
     }
 

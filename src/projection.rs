@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use crate::attach::extract::Extracted;
+use crate::attach::state::{self, Candidate, Decision, Delta, SessionState};
 use crate::attach::{self, Embedded, Item, Limits, Media, Outcome};
 use crate::config::{Lifetime, Modality, RouteConfig};
 use crate::dialect::Dialect;
@@ -65,6 +66,12 @@ pub struct RequestView<'a> {
     pub items: usize,
     pub tool_results: Vec<ToolResult<'a>>,
     pub user_images: Vec<UserImage<'a>>,
+    /// A conversation id the client already sends: Responses `prompt_cache_key`, Anthropic
+    /// `metadata.user_id`.
+    pub conversation: Option<Cow<'a, str>>,
+    /// The conversation's root as sent: system prompt and first user message (raw JSON), for
+    /// the session fingerprint when there is no explicit session.
+    pub root: Vec<&'a str>,
 }
 
 impl<'a> RequestView<'a> {
@@ -87,6 +94,8 @@ impl<'a> RequestView<'a> {
             items: 0,
             tool_results: Vec::new(),
             user_images: Vec::new(),
+            conversation: None,
+            root: Vec::new(),
         }
     }
 }
@@ -131,6 +140,8 @@ pub struct Projection {
     /// Every image of the request in arrival order, with its source and lifetime (M5), for
     /// the delivery state.
     pub attachments: Vec<Attachment>,
+    /// The session state changes to commit if the response completes (A9).
+    pub delta: Delta,
 }
 
 /// An image of the request as the delivery state sees it.
@@ -143,6 +154,37 @@ pub struct Attachment {
     pub id: Option<ArtifactId>,
     pub lifetime: Lifetime,
     pub outcome: &'static str,
+}
+
+/// The source an image came from (a tool call id, or a fingerprint of the user's image part),
+/// and the tool's name when known.
+fn source_of<'v>(view: &'v RequestView<'_>, place: Place) -> (String, Option<&'v str>) {
+    match place {
+        Place::Tool(ri, _) => {
+            let r = &view.tool_results[ri];
+            (r.source.to_string(), r.tool_name.as_deref())
+        }
+        Place::User(ui) => {
+            let part = view.user_images[ui].part.get();
+            (
+                format!("user:{:016x}", xxhash_rust::xxh3::xxh3_64(part.as_bytes())),
+                None,
+            )
+        }
+    }
+}
+
+/// An attachment's identity, independent of its position in the history: its source, its
+/// number within the source, and its content.
+fn identity(source: &str, item: &Item) -> String {
+    let content = match (&item.media, item.id) {
+        (_, Some(id)) => id.to_string(),
+        (Media::Remote(url), _) => {
+            format!("url:{:016x}", xxhash_rust::xxh3::xxh3_64(url.as_bytes()))
+        }
+        _ => "none".to_string(),
+    };
+    format!("{source}#{}#{content}", item.k)
 }
 
 /// An image's lifetime (M5): the hint on the item, else the first `tool_lifetimes` glob that
@@ -179,6 +221,8 @@ pub struct Context<'a> {
     pub route: &'a RouteConfig,
     pub memo: &'a exit::Memo,
     pub media: &'a attach::Memo,
+    /// The session's delivery state before this request (A3, A4).
+    pub state: &'a SessionState,
 }
 
 /// Where an image of the request stands.
@@ -254,6 +298,30 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
     };
     let items: Vec<&Item> = places.iter().filter_map(|&(_, _, p)| item_at(p)).collect();
     let accepts = ctx.route.input_modalities.contains(&Modality::Image);
+    // The delivery state decides first which images may be shown at all (A3, A4, A10).
+    let candidates: Vec<Candidate> = places
+        .iter()
+        .filter_map(|&(_, _, place)| {
+            let item = item_at(place)?;
+            let (source, tool) = source_of(view, place);
+            Some(Candidate {
+                key: identity(&source, item),
+                lifetime: lifetime_of(item, tool, ctx.route),
+                showable: accepts && !matches!(item.media, Media::Refused(_)),
+            })
+        })
+        .collect();
+    let recent = state::Recent {
+        count: ctx.route.images.recent_count,
+        batch: ctx.route.images.prune_batch,
+    };
+    let decisions = state::plan(ctx.state, &candidates, recent);
+    let eligible: Vec<&Item> = items
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::Eligible | Decision::NotShowable))
+        .map(|(item, _)| *item)
+        .collect();
     let limits = Limits::new(
         &ctx.route.images,
         accepts,
@@ -261,7 +329,21 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
     );
     let shrink =
         |image: &crate::image::Checked, edge: u32, bytes: u64| ctx.media.shrink(image, edge, bytes);
-    let decided = attach::select(&items, &limits, &shrink);
+    let mut selected = attach::select(&eligible, &limits, &shrink).into_iter();
+    let decided: Vec<Outcome> = decisions
+        .iter()
+        .map(|d| match d {
+            Decision::Eligible | Decision::NotShowable => {
+                selected.next().unwrap_or(Outcome::Deferred)
+            }
+            Decision::Consumed | Decision::Pruned | Decision::Released => Outcome::Retired,
+        })
+        .collect();
+    let embedded: Vec<bool> = decided
+        .iter()
+        .map(|o| matches!(o, Outcome::Embed(_) | Outcome::KeepRemote))
+        .collect();
+    out.delta = state::settle(ctx.state, &candidates, &decisions, &embedded);
     let mut tool_outcomes: Vec<Vec<Outcome>> = extracted
         .iter()
         .map(|e| vec![Outcome::Deferred; e.as_ref().map_or(0, |e| e.items.len())])
@@ -271,13 +353,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
         let ev = event(&outcome);
         out.images.push(ev);
         if let Some(item) = item_at(*place) {
-            let (source, tool) = match *place {
-                Place::Tool(ri, _) => {
-                    let r = &view.tool_results[ri];
-                    (r.source.to_string(), r.tool_name.as_deref())
-                }
-                Place::User(ui) => (format!("user:{}", view.user_images[ui].item), None),
-            };
+            let (source, tool) = source_of(view, *place);
             out.attachments.push(Attachment {
                 source,
                 k: item.k,
@@ -290,7 +366,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
             Outcome::Embed(_) | Outcome::KeepRemote => out.summary.embedded += 1,
             Outcome::Deferred => out.summary.deferred += 1,
             Outcome::Refused(_) => out.summary.refused += 1,
-            Outcome::Gated => out.summary.placeholders += 1,
+            Outcome::Gated | Outcome::Retired => out.summary.placeholders += 1,
         }
         match *place {
             Place::Tool(ri, ii) => tool_outcomes[ri][ii] = outcome,
@@ -371,6 +447,7 @@ fn event(outcome: &Outcome) -> ImageEvent {
         Outcome::Deferred => ("deferred", "budget", 0, false),
         Outcome::Refused(r) => ("refused", r.reason(), 0, false),
         Outcome::Gated => ("placeholder", "no_image_input", 0, false),
+        Outcome::Retired => ("placeholder", "shown_before", 0, false),
     };
     ImageEvent {
         outcome: name,
@@ -718,6 +795,7 @@ mod tests {
                 route: &route,
                 memo: &memo,
                 media: &media,
+                state: &SessionState::default(),
             },
         );
         let lifetimes: Vec<_> = p
@@ -801,7 +879,7 @@ mod tests {
             for (dialect, body) in bodies {
                 let body = Bytes::from(body.to_string());
                 let view = dialect.read_view(&body).unwrap();
-                let p = project(&view, &Context { tenant: &tenant, route: &route, memo: &memo, media: &media });
+                let p = project(&view, &Context { tenant: &tenant, route: &route, memo: &memo, media: &media, state: &SessionState::default() });
                 let unchanged = p.edits.is_empty();
                 let out = splice(&body, p.edits).unwrap();
                 prop_assert!(serde_json::from_slice::<serde_json::Value>(&out).is_ok(), "{dialect:?}: {}", String::from_utf8_lossy(&out));

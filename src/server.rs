@@ -31,8 +31,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
+use crate::attach::state::{Delta, SessionState};
 use crate::config::Config;
 use crate::config::StoreBackend;
+use crate::dialect::completion::Completion;
 use crate::dialect::{Dialect, Family};
 use crate::error::GatewayError;
 use crate::exit::cursor::{Cursor, CursorError};
@@ -41,6 +43,7 @@ use crate::exit::{notice, Memo};
 use crate::metrics::Metrics;
 use crate::projection::{self, project, splice, Summary};
 use crate::route::RouteTable;
+use crate::session::{EmbeddedSessions, SessionKey, SessionStore};
 use crate::store::file::FileStore;
 use crate::store::{ArtifactId, ArtifactKind, Artifacts, Backend};
 use crate::tenant::Tenant;
@@ -93,6 +96,8 @@ struct Shared {
     artifacts: Artifacts<Backend>,
     memo: Memo,
     media: crate::attach::Memo,
+    sessions: Arc<EmbeddedSessions>,
+    session_header: http::HeaderName,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -100,6 +105,8 @@ struct Shared {
 struct App {
     shared: Arc<Shared>,
     upstream: Upstream,
+    /// Delivery-state commits in flight; shutdown waits for them.
+    commits: TaskTracker,
 }
 
 impl std::ops::Deref for App {
@@ -135,6 +142,19 @@ impl Server {
             other => return Err(StartError::Backend(other)),
         };
         let artifacts = Artifacts::new(backend, metrics.clone());
+        let sessions = EmbeddedSessions::open(
+            &config.store.data_dir,
+            Duration::from_secs(config.store.idle_ttl_seconds),
+        )
+        .map_err(|e| StartError::DataDir {
+            path: config.store.data_dir.join("sessions.redb"),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let session_header = http::HeaderName::from_bytes(config.session.header.as_bytes())
+            .map_err(|_| crate::config::ConfigError {
+                key: "session.header".into(),
+                message: "is not a valid HTTP header name".into(),
+            })?;
         let proxy = std::net::TcpListener::bind(proxy_addr)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|source| StartError::Bind {
@@ -159,6 +179,8 @@ impl Server {
                 artifacts,
                 memo: Memo::default(),
                 media: crate::attach::Memo::default(),
+                sessions: Arc::new(sessions),
+                session_header,
             }),
             proxy,
             admin,
@@ -284,7 +306,11 @@ fn worker(shared: Arc<Shared>, listener: std::net::TcpListener, mut stop: watch:
                 return;
             }
         };
-        let app = Arc::new(App { shared, upstream });
+        let app = Arc::new(App {
+            shared,
+            upstream,
+            commits: TaskTracker::new(),
+        });
         let graceful = GracefulShutdown::new();
         let tasks = TaskTracker::new();
         loop {
@@ -309,6 +335,13 @@ fn worker(shared: Arc<Shared>, listener: std::net::TcpListener, mut stop: watch:
             );
         }
         tasks.close();
+        app.commits.close();
+        if tokio::time::timeout(Duration::from_secs(5), app.commits.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("delivery-state commits still running at exit");
+        }
     });
 }
 
@@ -486,6 +519,20 @@ impl App {
                 model: model.chars().take(200).collect(),
             })?;
         ctx.route.clone_from(&route.config.name);
+        let header = parts
+            .headers
+            .get(&self.session_header)
+            .and_then(|v| v.to_str().ok());
+        let (session, _) = SessionKey::of(&tenant, header, &view, &route.config.name);
+        // A store that cannot be read must not fail the request: it goes on without delivery
+        // state, and commits nothing.
+        let (state, committable) = match self.sessions.load(&session).await {
+            Ok(state) => (state, true),
+            Err(e) => {
+                tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
+                (SessionState::default(), false)
+            }
+        };
         let projection = project(
             &view,
             &projection::Context {
@@ -493,8 +540,13 @@ impl App {
                 route: &route.config,
                 memo: &self.memo,
                 media: &self.media,
+                state: &state,
             },
         );
+        // count_tokens shows the model nothing: it never changes what was delivered.
+        let shows_model = !parts.uri.path().ends_with("/count_tokens");
+        let commit = (committable && shows_model && !projection.delta.records.is_empty())
+            .then(|| (session, projection.delta.clone()));
         drop(view);
         // The artifacts must be durable before the model is shown a reference to them (T3):
         // if they cannot be stored, the request fails rather than go out with a broken cursor.
@@ -553,7 +605,8 @@ impl App {
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
             .observe((answered_at - sent_at).as_secs_f64());
-        let mut response = self.relay(started, ctx, inflight, start);
+        let watch = Some(Completion::new(dialect));
+        let mut response = self.relay(started, ctx, inflight, start, watch, commit);
         let summary = if projection.summary == Summary::default() {
             Ok(HeaderValue::from_static(NOTHING_PROJECTED))
         } else {
@@ -597,7 +650,7 @@ impl App {
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
             .observe(upstream::seconds_since(sent_at));
-        Ok(self.relay(started, ctx, inflight, start))
+        Ok(self.relay(started, ctx, inflight, start, None, None))
     }
 
     /// Streams an upstream response to the client; records the stream's end (O2).
@@ -607,14 +660,46 @@ impl App {
         ctx: &Context,
         inflight: InFlight,
         start: Instant,
+        watch: Option<Completion>,
+        commit: Option<(SessionKey, Delta)>,
     ) -> Response<Body> {
         let status = started.status;
         let event_stream = started.is_event_stream();
+        let watch = watch.filter(|_| event_stream);
+        let (sessions, commits) = (self.sessions.clone(), self.commits.clone());
+        let commit_metrics = self.metrics.clone();
         let headers = upstream::response_headers(std::mem::take(&mut started.headers));
         let metrics = self.metrics.clone();
         let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
-        let body = started.relay(move |end| {
+        let body = started.relay(watch, move |end| {
             drop(inflight);
+            // A9: state changes count only when the response completed.
+            if let Some((session, delta)) = commit {
+                let outcome = if end.complete {
+                    "committed"
+                } else {
+                    "discarded"
+                };
+                if end.complete {
+                    let metrics = commit_metrics.clone();
+                    commits.spawn(async move {
+                        let started = Instant::now();
+                        let result = sessions.commit(&session, &delta).await;
+                        metrics
+                            .store_seconds
+                            .with_label_values(&["embedded", "commit"])
+                            .observe(started.elapsed().as_secs_f64());
+                        if let Err(e) = result {
+                            metrics.commits_total.with_label_values(&["failed"]).inc();
+                            tracing::error!(error = %e, "cannot commit delivery state");
+                        }
+                    });
+                }
+                commit_metrics
+                    .commits_total
+                    .with_label_values(&[outcome])
+                    .inc();
+            }
             if event_stream {
                 metrics
                     .streams_total

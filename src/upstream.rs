@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use http_body::Frame;
 
 use crate::config::UpstreamConfig;
+use crate::dialect::completion::Completion;
 use crate::dialect::Family;
 use crate::error::GatewayError;
 use crate::metrics::StreamOutcome;
@@ -125,6 +126,9 @@ pub struct Started {
 pub struct RelayEnd {
     pub outcome: StreamOutcome,
     pub bytes: u64,
+    /// The response completed (A9): an event stream's final event passed through, or a whole
+    /// non-stream body with a success status was handed on.
+    pub complete: bool,
 }
 
 type OnEnd = Box<dyn FnOnce(RelayEnd) + Send>;
@@ -141,11 +145,14 @@ impl Started {
     /// re-framing and no buffering beyond the chunk in hand (P3). The client's pace drives the
     /// reads, so a slow client slows the upstream instead of filling memory. `on_end` runs once,
     /// when the body ended one way or another.
-    pub fn relay<F>(self, on_end: F) -> RelayBody
+    /// `watch` follows an event stream for its dialect's final event.
+    pub fn relay<F>(self, watch: Option<Completion>, on_end: F) -> RelayBody
     where
         F: FnOnce(RelayEnd) + Send + 'static,
     {
         RelayBody {
+            success: self.status.is_success(),
+            watch,
             first: self.first,
             rest: self.rest,
             idle: self.idle,
@@ -169,20 +176,31 @@ pub struct RelayBody {
     expected: Option<u64>,
     /// Present until the body has ended.
     on_end: Option<OnEnd>,
+    success: bool,
+    watch: Option<Completion>,
 }
 
 impl RelayBody {
     fn end(&mut self, outcome: StreamOutcome) {
         if let Some(on_end) = self.on_end.take() {
+            let complete = self.success
+                && match &self.watch {
+                    Some(watch) => watch.is_complete(),
+                    None => outcome == StreamOutcome::Completed,
+                };
             on_end(RelayEnd {
                 outcome,
                 bytes: self.bytes,
+                complete,
             });
         }
     }
 
     fn chunk(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.bytes += chunk.len() as u64;
+        if let Some(watch) = &mut self.watch {
+            watch.feed(&chunk);
+        }
         Poll::Ready(Some(Ok(Frame::data(chunk))))
     }
 }

@@ -81,6 +81,9 @@ pub enum Outcome {
     Gated,
     /// Cannot be shown, for good (A6).
     Refused(Refusal),
+    /// Shown before and no longer attached: `once` after its showing, or pruned or released
+    /// (A3, A4, A10).
+    Retired,
 }
 
 /// An image as it will be embedded.
@@ -249,6 +252,12 @@ pub fn note(item: &Item, outcome: &Outcome) -> Option<String> {
         Outcome::Refused(r) if !matches!(item.media, Media::Refused(_)) => {
             Some(format!("[image #{k}: not shown: {r}]"))
         }
+        Outcome::Retired => Some(match item.id {
+            Some(id) => format!(
+                "[image #{k}: shown earlier and no longer attached; it can be read again from artifact://{id}]"
+            ),
+            None => format!("[image #{k}: shown earlier and no longer attached]"),
+        }),
         _ => None,
     }
 }

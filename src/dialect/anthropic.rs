@@ -18,6 +18,16 @@ struct Request<'a> {
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Vec<Message<'a>>,
+    #[serde(borrow)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<Metadata<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Metadata<'a> {
+    #[serde(borrow)]
+    user_id: Text<'a>,
 }
 
 #[derive(Deserialize)]
@@ -79,7 +89,19 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
             }
         }
     }
+    let first_user = request
+        .messages
+        .iter()
+        .find(|m| m.role.as_deref() == Some("user"))
+        .and_then(|m| m.content)
+        .map(RawValue::get);
+    let root = [request.system.map(RawValue::get), first_user]
+        .into_iter()
+        .flatten()
+        .collect();
     Ok(RequestView {
+        conversation: request.metadata.and_then(|m| m.user_id),
+        root,
         body: body.as_bytes(),
         dialect: Dialect::AnthropicMessages,
         model: request.model,

@@ -97,7 +97,21 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
             _ => {}
         }
     }
+    let first = |roles: &[&str]| {
+        request
+            .messages
+            .iter()
+            .find(|m| m.role.as_deref().is_some_and(|r| roles.contains(&r)))
+            .and_then(|m| m.content)
+            .map(RawValue::get)
+    };
+    let root = [first(&["system", "developer"]), first(&["user"])]
+        .into_iter()
+        .flatten()
+        .collect();
     Ok(RequestView {
+        conversation: None,
+        root,
         body: body.as_bytes(),
         dialect: Dialect::OpenAiChat,
         model: request.model,

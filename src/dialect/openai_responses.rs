@@ -18,6 +18,10 @@ struct Request<'a> {
     stream: Option<&'a RawValue>,
     #[serde(borrow)]
     input: Option<&'a RawValue>,
+    #[serde(borrow)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_cache_key: Text<'a>,
 }
 
 #[derive(Deserialize)]
@@ -86,7 +90,21 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
             _ => {}
         }
     }
+    let first_user = match request.input {
+        Some(raw) if raw.get().starts_with('"') => Some(raw.get()),
+        _ => items
+            .iter()
+            .find(|i| i.role.as_deref() == Some("user"))
+            .and_then(|i| i.content)
+            .map(RawValue::get),
+    };
+    let root = [request.instructions.map(RawValue::get), first_user]
+        .into_iter()
+        .flatten()
+        .collect();
     Ok(RequestView {
+        conversation: request.prompt_cache_key,
+        root,
         body: body.as_bytes(),
         dialect: Dialect::OpenAiResponses,
         model: request.model,
