@@ -43,8 +43,9 @@ use crate::exit::{notice, Memo};
 use crate::metrics::Metrics;
 use crate::projection::{self, project, splice, Summary};
 use crate::route::RouteTable;
-use crate::session::{EmbeddedSessions, SessionKey, SessionStore};
+use crate::session::{EmbeddedSessions, SessionKey, SessionStore, Sessions};
 use crate::store::file::FileStore;
+use crate::store::redis::RedisStore;
 use crate::store::{ArtifactId, ArtifactKind, Artifacts, Backend};
 use crate::tenant::Tenant;
 use crate::upstream::{self, BoxError, Upstream};
@@ -80,8 +81,8 @@ pub enum StartError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
-    #[error("store.backend: {0:?} is not available in this version; use \"embedded\"")]
-    Backend(crate::config::StoreBackend),
+    #[error("store.redis_url: cannot connect to Redis: {0}")]
+    Redis(String),
 }
 
 /// What every worker shares: configuration, routes, metrics, and whether sluice is draining.
@@ -96,7 +97,7 @@ struct Shared {
     artifacts: Artifacts<Backend>,
     memo: Memo,
     media: crate::attach::Memo,
-    sessions: Arc<EmbeddedSessions>,
+    sessions: Arc<Sessions>,
     session_header: http::HeaderName,
 }
 
@@ -131,25 +132,27 @@ impl Server {
         // Fail at startup, not on the first request, if the client cannot be built.
         Upstream::new(&config.upstream)?;
         let metrics = Arc::new(Metrics::new()?);
-        let backend = match config.store.backend {
+        let ttl = Duration::from_secs(config.store.idle_ttl_seconds);
+        let (backend, sessions) = match config.store.backend {
             StoreBackend::Embedded => {
                 let dir = &config.store.data_dir;
-                Backend::File(FileStore::open(dir).map_err(|source| StartError::DataDir {
+                let data_dir = |source| StartError::DataDir {
                     path: dir.clone(),
                     source,
-                })?)
+                };
+                let files = FileStore::open(dir).map_err(data_dir)?;
+                let sessions = EmbeddedSessions::open(dir, ttl)
+                    .map_err(|e| data_dir(std::io::Error::other(e.to_string())))?;
+                (Backend::File(files), Sessions::Embedded(sessions))
             }
-            other => return Err(StartError::Backend(other)),
+            StoreBackend::Redis => {
+                let redis = RedisStore::connect(&config.store.redis_url, ttl)
+                    .await
+                    .map_err(|e| StartError::Redis(e.to_string()))?;
+                (Backend::Redis(redis.clone()), Sessions::Redis(redis))
+            }
         };
         let artifacts = Artifacts::new(backend, metrics.clone());
-        let sessions = EmbeddedSessions::open(
-            &config.store.data_dir,
-            Duration::from_secs(config.store.idle_ttl_seconds),
-        )
-        .map_err(|e| StartError::DataDir {
-            path: config.store.data_dir.join("sessions.redb"),
-            source: std::io::Error::other(e.to_string()),
-        })?;
         let session_header = http::HeaderName::from_bytes(config.session.header.as_bytes())
             .map_err(|_| crate::config::ConfigError {
                 key: "session.header".into(),
@@ -687,7 +690,7 @@ impl App {
                         let result = sessions.commit(&session, &delta).await;
                         metrics
                             .store_seconds
-                            .with_label_values(&["embedded", "commit"])
+                            .with_label_values(&[sessions.backend(), "commit"])
                             .observe(started.elapsed().as_secs_f64());
                         if let Err(e) = result {
                             metrics.commits_total.with_label_values(&["failed"]).inc();

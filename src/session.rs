@@ -177,6 +177,38 @@ impl SessionStore for EmbeddedSessions {
     }
 }
 
+/// The configured session store.
+pub enum Sessions {
+    Embedded(EmbeddedSessions),
+    Redis(crate::store::redis::RedisStore),
+}
+
+impl Sessions {
+    /// The backend's name, for metrics.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Sessions::Embedded(_) => "embedded",
+            Sessions::Redis(_) => "redis",
+        }
+    }
+}
+
+impl SessionStore for Sessions {
+    async fn load(&self, key: &SessionKey) -> Result<SessionState, StoreError> {
+        match self {
+            Sessions::Embedded(s) => s.load(key).await,
+            Sessions::Redis(s) => s.load(key).await,
+        }
+    }
+
+    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<(), StoreError> {
+        match self {
+            Sessions::Embedded(s) => s.commit(key, delta).await,
+            Sessions::Redis(s) => s.commit(key, delta).await,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

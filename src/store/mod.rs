@@ -5,6 +5,7 @@
 //! backend of shared mode implements the same trait.
 
 pub mod file;
+pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -144,30 +145,35 @@ pub trait ArtifactStore: Send + Sync + 'static {
 /// The configured backend.
 pub enum Backend {
     File(file::FileStore),
+    Redis(redis::RedisStore),
 }
 
 impl ArtifactStore for Backend {
     async fn put(&self, tenant: &Tenant, id: &ArtifactId, bytes: Bytes) -> Result<(), StoreError> {
         match self {
             Backend::File(s) => s.put(tenant, id, bytes).await,
+            Backend::Redis(s) => s.put(tenant, id, bytes).await,
         }
     }
 
     async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
         match self {
             Backend::File(s) => s.get(tenant, id).await,
+            Backend::Redis(s) => s.get(tenant, id).await,
         }
     }
 
     async fn exists(&self, tenant: &Tenant, id: &ArtifactId) -> Result<bool, StoreError> {
         match self {
             Backend::File(s) => s.exists(tenant, id).await,
+            Backend::Redis(s) => s.exists(tenant, id).await,
         }
     }
 
     async fn check(&self) -> Result<(), StoreError> {
         match self {
             Backend::File(s) => s.check().await,
+            Backend::Redis(s) => s.check().await,
         }
     }
 }
