@@ -555,13 +555,24 @@ impl App {
         // if they cannot be stored, the request fails rather than go out with a broken cursor.
         let (mut spills, mut spilled_bytes) = (0u64, 0u64);
         for spill in &projection.spills {
-            self.artifacts
+            let stored = self
+                .artifacts
                 .put(&tenant, &spill.id, spill.bytes.clone())
-                .await
-                .map_err(|e| {
-                    tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store an artifact");
-                    GatewayError::StoreUnavailable
-                })?;
+                .await;
+            match (stored, spill.id.kind) {
+                (Ok(()), _) => {}
+                // A page whose artifact cannot be stored would hand the model a dead cursor:
+                // the request fails instead (T3).
+                (Err(e), ArtifactKind::Text) => {
+                    tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store a spilled tool result");
+                    return Err(GatewayError::StoreUnavailable);
+                }
+                // An image is sent with the request itself; only a later re-read needs its
+                // artifact, so the request goes on.
+                (Err(e), ArtifactKind::Media) => {
+                    tracing::warn!(request_id = %ctx.request_id, error = %e, "cannot store an image artifact");
+                }
+            }
             if spill.id.kind == ArtifactKind::Text {
                 spills += 1;
                 spilled_bytes += spill.bytes.len() as u64;

@@ -1,0 +1,234 @@
+//! Shared mode (SPEC S1, S2; delivery-state issue): several sluice processes on one Redis serve
+//! one session interchangeably. Needs Redis on 127.0.0.1:6379 (`.ci/run` starts it) and
+//! `redis-server` on the PATH: run with `cargo test --test shared -- --ignored`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{b64, client, config_for, metric, picture, tool_output, MockUpstream, Sluice};
+use image::ImageFormat;
+use serde_json::{json, Value};
+
+const REDIS: &str = "redis://127.0.0.1:6379/0";
+
+/// A config whose `[store]` table comes before the routes (TOML tables cannot repeat).
+fn config(mock: &MockUpstream, redis: &str) -> String {
+    let base = config_for(
+        &mock.base_url(),
+        &format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\n"),
+    );
+    format!("{base}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n")
+}
+
+fn turns(upto: usize) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "watch"})];
+    for t in 1..=upto {
+        let id = format!("tu{t}");
+        messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "take_screenshot", "input": {}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&picture(9 + t as u32, 9, ImageFormat::Png))}}]}]}));
+    }
+    json!({"model": "claude-x", "max_tokens": 10, "messages": messages})
+}
+
+async fn committed(sluice: &Sluice, n: f64) {
+    for _ in 0..300 {
+        if metric(
+            &sluice.metrics().await,
+            "sluice_store_seconds_count{backend=\"redis\",op=\"commit\"}",
+        ) >= n
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("commit {n} not written");
+}
+
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn two_processes_serve_alternate_turns_of_one_session() {
+    let mock = MockUpstream::start();
+    let (a, b) = (
+        Sluice::start(&config(&mock, REDIS)),
+        Sluice::start(&config(&mock, REDIS)),
+    );
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let session = uuid::Uuid::new_v4().to_string();
+    let mut shown = Vec::new();
+    let (mut done_a, mut done_b) = (0.0, 0.0);
+    for turn in 1..=8 {
+        let sluice = if turn % 2 == 1 { &a } else { &b };
+        client()
+            .post(sluice.url("/v1/messages"))
+            .header("x-api-key", &key)
+            .header("x-sluice-session", &session)
+            .json(&turns(turn))
+            .send()
+            .await
+            .unwrap();
+        shown.push(
+            mock.last()
+                .json()
+                .to_string()
+                .matches("\"type\":\"image\"")
+                .count(),
+        );
+        if turn % 2 == 1 {
+            done_a += 1.0;
+            committed(&a, done_a).await;
+        } else {
+            done_b += 1.0;
+            committed(&b, done_b).await;
+        }
+    }
+    assert_eq!(
+        shown,
+        [1, 2, 3, 2, 3, 2, 3, 2],
+        "the state moved between the processes"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn an_artifact_spilled_through_one_process_is_readable_through_the_other() {
+    let mock = MockUpstream::start();
+    let (a, b) = (
+        Sluice::start(&config(&mock, REDIS)),
+        Sluice::start(&config(&mock, REDIS)),
+    );
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let output = tool_output(90_000);
+    let body = json!({"model": "gpt-4o", "messages": [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": output}]});
+    client()
+        .post(a.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let shown = mock.last().json()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = shown.rfind("artifact://").unwrap() + 11;
+    let id: String = shown[at..].chars().take(33).collect();
+    let whole = client()
+        .get(b.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whole.status(), 200);
+    assert!(whole.text().await.unwrap() == output);
+    let cursor = shown[shown.rfind("{\"cursor\":\"").unwrap() + 11..]
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = client()
+        .get(b.url(&format!("/v1/sluice/read?cursor={cursor}")))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        page.status(),
+        200,
+        "a cursor made by one replica reads on another"
+    );
+    let other = client()
+        .get(b.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth("sk-other")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 404);
+}
+
+/// A Redis of the test's own on a free port, so it can be stopped and started.
+fn own_redis(port: u16) -> Child {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server on the PATH");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+async fn ready(sluice: &Sluice) -> u16 {
+    client()
+        .get(sluice.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server on the PATH: cargo test --test shared -- --ignored"]
+async fn readyz_follows_redis_and_sluice_reconnects_after_a_redis_restart() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut redis = own_redis(port);
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, &format!("redis://127.0.0.1:{port}/0")));
+    assert_eq!(ready(&sluice).await, 200);
+    redis.kill().unwrap();
+    redis.wait().unwrap();
+    let mut down = false;
+    for _ in 0..50 {
+        if ready(&sluice).await == 503 {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(down, "readyz fails while Redis is unreachable");
+    // Requests still go through, without delivery state (nothing is lost to the client).
+    let resp = client()
+        .post(sluice.url("/v1/messages"))
+        .json(&turns(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut redis = own_redis(port);
+    let mut up = false;
+    for _ in 0..100 {
+        if ready(&sluice).await == 200 {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "reconnected after the restart");
+    redis.kill().unwrap();
+    let _ = redis.wait();
+}
