@@ -68,6 +68,10 @@ pub struct Metrics {
     pub commits_total: IntCounterVec,
     /// Session store operations by backend and op.
     pub store_seconds: HistogramVec,
+    /// Sessions seen within the idle TTL (this process's view).
+    pub sessions_active: IntGauge,
+    /// Images pruned by `recent` pruning (A4), counted when the pruning is committed.
+    pub images_pruned_total: IntCounter,
 }
 
 impl Metrics {
@@ -170,6 +174,16 @@ impl Metrics {
                 .buckets(OVERHEAD_BUCKETS.to_vec()),
             &["backend", "op"],
         )?;
+        let sessions_active = IntGauge::new(
+            "sluice_sessions_active",
+            "Sessions this process saw within the idle TTL.",
+        )?;
+        let images_pruned_total = IntCounter::new(
+            "sluice_images_pruned_total",
+            "Images removed by recent pruning (committed).",
+        )?;
+        registry.register(Box::new(sessions_active.clone()))?;
+        registry.register(Box::new(images_pruned_total.clone()))?;
         registry.register(Box::new(commits_total.clone()))?;
         registry.register(Box::new(store_seconds.clone()))?;
         registry.register(Box::new(images_total.clone()))?;
@@ -206,6 +220,8 @@ impl Metrics {
             downscales_total,
             commits_total,
             store_seconds,
+            sessions_active,
+            images_pruned_total,
         })
     }
 

@@ -99,6 +99,8 @@ struct Shared {
     media: crate::attach::Memo,
     sessions: Arc<Sessions>,
     session_header: http::HeaderName,
+    /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
+    seen: moka::sync::Cache<String, ()>,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -184,6 +186,10 @@ impl Server {
                 media: crate::attach::Memo::default(),
                 sessions: Arc::new(sessions),
                 session_header,
+                seen: moka::sync::Cache::builder()
+                    .max_capacity(1_000_000)
+                    .time_to_idle(ttl)
+                    .build(),
             }),
             proxy,
             admin,
@@ -527,9 +533,19 @@ impl App {
             .get(&self.session_header)
             .and_then(|v| v.to_str().ok());
         let (session, _) = SessionKey::of(&tenant, header, &view, &route.config.name);
+        self.seen.insert(session.0.clone(), ());
+        self.metrics
+            .sessions_active
+            .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
         // A store that cannot be read must not fail the request: it goes on without delivery
         // state, and commits nothing.
-        let (state, committable) = match self.sessions.load(&session).await {
+        let loading = Instant::now();
+        let loaded = self.sessions.load(&session).await;
+        self.metrics
+            .store_seconds
+            .with_label_values(&[self.sessions.backend(), "load"])
+            .observe(loading.elapsed().as_secs_f64());
+        let (state, committable) = match loaded {
             Ok(state) => (state, true),
             Err(e) => {
                 tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
@@ -689,6 +705,11 @@ impl App {
             drop(inflight);
             // A9: state changes count only when the response completed.
             if let Some((session, delta)) = commit {
+                let pruned = delta
+                    .records
+                    .values()
+                    .filter(|r| r.status == crate::attach::state::Status::Pruned)
+                    .count() as u64;
                 let outcome = if end.complete {
                     "committed"
                 } else {
@@ -703,9 +724,12 @@ impl App {
                             .store_seconds
                             .with_label_values(&[sessions.backend(), "commit"])
                             .observe(started.elapsed().as_secs_f64());
-                        if let Err(e) = result {
-                            metrics.commits_total.with_label_values(&["failed"]).inc();
-                            tracing::error!(error = %e, "cannot commit delivery state");
+                        match result {
+                            Ok(()) => metrics.images_pruned_total.inc_by(pruned),
+                            Err(e) => {
+                                metrics.commits_total.with_label_values(&["failed"]).inc();
+                                tracing::error!(error = %e, "cannot commit delivery state");
+                            }
                         }
                     });
                 }

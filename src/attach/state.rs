@@ -129,6 +129,7 @@ pub fn settle(
     for ((c, d), &shown) in candidates.iter().zip(decisions).zip(embedded) {
         let before = state.records.get(&c.key).map(|r| r.status);
         let status = match d {
+            Decision::Pruned if before == Some(Status::Pruned) => continue,
             Decision::Pruned => Status::Pruned,
             Decision::Eligible if shown => Status::Viewed,
             Decision::Eligible
