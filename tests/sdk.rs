@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{client, config_for, tool_output, MockUpstream, Sluice};
+use common::{b64, client, config_for, metric, picture, tool_output, MockUpstream, Sluice};
 use serde_json::Value;
 
 /// Runs tests/sdk/check.py against `sluice` with `extra` arguments; panics with its output if
@@ -170,4 +170,50 @@ async fn official_sdks_see_long_tool_output_as_a_page_and_a_cursor() {
             a.uri
         );
     }
+}
+
+/// Delivery state (SPEC A3, A9) with the official SDKs' streaming helpers: a `once` image is
+/// shown in the first successful response, and the second run sees its placeholder.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+async fn official_sdks_see_a_once_image_exactly_once() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("image.b64");
+    std::fs::write(&file, b64(&picture(32, 24, image::ImageFormat::Png))).unwrap();
+    let file = file.to_str().unwrap().to_string();
+    let images = |r: &common::mock::Recorded| {
+        r.json().to_string().matches("image/png;base64,").count()
+            + r.json()
+                .to_string()
+                .matches("\"media_type\":\"image/png\"")
+                .count()
+    };
+    let s = &sluice;
+    tokio::task::block_in_place(|| run_script(s, &["--delivery", &file]));
+    let first = mock.requests();
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|r| images(r) == 1), "shown the first time");
+    for _ in 0..300 {
+        let m = sluice.metrics().await;
+        if metric(
+            &m,
+            "sluice_store_seconds_count{backend=\"embedded\",op=\"commit\"}",
+        ) >= 2.0
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::task::block_in_place(|| run_script(s, &["--delivery", &file]));
+    let second = &mock.requests()[2..];
+    assert!(
+        second.iter().all(|r| images(r) == 0),
+        "a placeholder the second time"
+    );
+    assert!(second.iter().all(|r| r
+        .json()
+        .to_string()
+        .contains("shown earlier and no longer attached")));
 }

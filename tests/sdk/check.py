@@ -168,14 +168,43 @@ def text_exit(oa, an, output):
         expect(stream.get_final_text() == "Hello from the mock.", "text exit: messages streamed")
 
 
+def delivery(oa, an, image_b64):
+    """A tool result with an image (an MCP result stringified into the text), through the
+    streaming helpers of both SDKs. Run twice by the Rust side: a `once` image is shown in the
+    first successful response only (SPEC A3, A9)."""
+    mcp = json.dumps({"content": [{"type": "text", "text": "chart rendered"},
+                                  {"type": "image", "data": image_b64, "mimeType": "image/png"}]})
+    messages = [
+        {"role": "user", "content": "render the chart"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "render_chart", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": mcp}]},
+    ]
+    with an.messages.stream(model="claude-sonnet-4-5", max_tokens=64, messages=messages) as stream:
+        expect(stream.get_final_message().stop_reason == "end_turn", "delivery: anthropic stream completed")
+    history = [
+        {"role": "user", "content": "render the chart"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "render_chart", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": mcp},
+    ]
+    with oa.chat.completions.stream(model="gpt-4o", messages=history) as stream:
+        expect(stream.get_final_completion().choices[0].finish_reason == "stop", "delivery: chat stream completed")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--openai-base", required=True)
     parser.add_argument("--anthropic-base", required=True)
     parser.add_argument("--text-exit", help="file holding a long tool output; run only those checks")
+    parser.add_argument("--delivery", help="file holding a base64 PNG; run only the delivery checks")
     args = parser.parse_args()
     oa = openai.OpenAI(base_url=args.openai_base, api_key="sk-test", max_retries=0)
     an = anthropic.Anthropic(base_url=args.anthropic_base, api_key="sk-ant-test", max_retries=0)
+    if args.delivery:
+        with open(args.delivery, encoding="ascii") as f:
+            delivery(oa, an, f.read().strip())
+        print("all SDK checks passed")
+        return
     if args.text_exit:
         with open(args.text_exit, encoding="utf-8", newline="") as f:  # keep CRLF as sent
             text_exit(oa, an, f.read())
