@@ -189,13 +189,18 @@ fn identity(source: &str, item: &Item) -> String {
 
 /// An image's lifetime (M5): the hint on the item, else the first `tool_lifetimes` glob that
 /// matches the tool's name, else the route's default.
-fn lifetime_of(item: &Item, tool: Option<&str>, route: &RouteConfig) -> Lifetime {
+fn lifetime_of(
+    item: &Item,
+    tool: Option<&str>,
+    route: &RouteConfig,
+    media: &attach::Memo,
+) -> Lifetime {
     if let Some(hint) = item.lifetime {
         return hint;
     }
     if let Some(tool) = tool {
         for (glob, lifetime) in &route.tool_lifetimes {
-            if globset::Glob::new(glob).is_ok_and(|g| g.compile_matcher().is_match(tool)) {
+            if media.glob_matches(glob, tool) {
                 return *lifetime;
             }
         }
@@ -306,7 +311,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
             let (source, tool) = source_of(view, place);
             Some(Candidate {
                 key: identity(&source, item),
-                lifetime: lifetime_of(item, tool, ctx.route),
+                lifetime: lifetime_of(item, tool, ctx.route, ctx.media),
                 showable: accepts && !matches!(item.media, Media::Refused(_)),
             })
         })
@@ -358,7 +363,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
                 source,
                 k: item.k,
                 id: item.id,
-                lifetime: lifetime_of(item, tool, ctx.route),
+                lifetime: lifetime_of(item, tool, ctx.route, ctx.media),
                 outcome: ev.outcome,
             });
         }

@@ -278,6 +278,8 @@ pub struct Memo {
     extracted: moka::sync::Cache<u128, Option<Arc<extract::Extracted>>>,
     users: moka::sync::Cache<u128, Option<Arc<Item>>>,
     shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
+    /// Compiled `tool_lifetimes` globs (compiling one costs far more than matching it).
+    globs: moka::sync::Cache<String, Option<globset::GlobMatcher>>,
     seed: u64,
 }
 
@@ -322,6 +324,7 @@ impl Default for Memo {
                     u32::try_from(v.as_ref().map_or(0, |c| c.bytes.len()) + 64).unwrap_or(u32::MAX)
                 })
                 .build(),
+            globs: moka::sync::Cache::new(1024),
             seed: uuid::Uuid::new_v4().as_u64_pair().1,
         }
     }
@@ -370,6 +373,17 @@ impl Memo {
         let found = extract::user_part(part, k, tenant).map(Arc::new);
         self.users.insert(key, found.clone());
         (found, true)
+    }
+
+    /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
+    pub fn glob_matches(&self, pattern: &str, name: &str) -> bool {
+        self.globs
+            .get_with_by_ref(pattern, || {
+                globset::Glob::new(pattern)
+                    .ok()
+                    .map(|g| g.compile_matcher())
+            })
+            .is_some_and(|m| m.is_match(name))
     }
 
     /// [`shrink`], remembered by image content and policy.
