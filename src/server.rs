@@ -154,7 +154,7 @@ impl Server {
                 (Backend::Redis(redis.clone()), Sessions::Redis(redis))
             }
         };
-        let artifacts = Artifacts::new(backend, metrics.clone());
+        let artifacts = Artifacts::new(backend, metrics.clone(), ttl);
         let session_header = http::HeaderName::from_bytes(config.session.header.as_bytes())
             .map_err(|_| crate::config::ConfigError {
                 key: "session.header".into(),
@@ -182,8 +182,8 @@ impl Server {
                 id_prefix,
                 next_id: AtomicU64::new(0),
                 artifacts,
-                memo: Memo::default(),
-                media: crate::attach::Memo::default(),
+                memo: Memo::new(ttl),
+                media: crate::attach::Memo::new(ttl),
                 sessions: Arc::new(sessions),
                 session_header,
                 seen: moka::sync::Cache::builder()
@@ -246,6 +246,7 @@ impl Server {
         drop((proxy, done_tx));
         let admin_graceful = GracefulShutdown::new();
         let admin_tasks = TaskTracker::new();
+        admin_tasks.spawn(sweep(shared.clone(), stop_rx.clone()));
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -284,6 +285,41 @@ impl Server {
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_graceful.shutdown()).await;
         admin_tasks.close();
         tracing::info!("stopped");
+    }
+}
+
+/// Expires idle artifacts and sessions of the embedded store (S2), every tenth of the idle TTL
+/// (at most hourly), until shutdown. Redis expires its keys itself.
+async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let ttl = Duration::from_secs(shared.config.store.idle_ttl_seconds);
+    let every = (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let shared = shared.clone();
+        let swept = tokio::task::spawn_blocking(move || {
+            let files = match shared.artifacts.backend() {
+                Backend::File(files) => files.sweep(ttl),
+                Backend::Redis(_) => 0,
+            };
+            let sessions = match &*shared.sessions {
+                Sessions::Embedded(s) => s.sweep().unwrap_or(0),
+                Sessions::Redis(_) => 0,
+            };
+            (files, sessions)
+        })
+        .await;
+        if let Ok((files, sessions)) = swept {
+            if files + sessions > 0 {
+                tracing::info!(
+                    artifacts = files,
+                    sessions,
+                    "expired idle artifacts and sessions"
+                );
+            }
+        }
     }
 }
 

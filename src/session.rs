@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -122,6 +122,24 @@ impl EmbeddedSessions {
             db: Arc::new(db),
             ttl,
         })
+    }
+
+    /// Deletes sessions idle for longer than the TTL (S2). Returns how many.
+    pub fn sweep(&self) -> Result<usize, StoreError> {
+        let cutoff = now().saturating_sub(self.ttl.as_secs());
+        let txn = self.db.begin_write().map_err(io)?;
+        let deleted = {
+            let mut table = txn.open_table(SESSIONS).map_err(io)?;
+            let before = table.len().map_err(io)?;
+            table
+                .retain(|_, value| {
+                    serde_json::from_slice::<Stored>(value).is_ok_and(|s| s.touched >= cutoff)
+                })
+                .map_err(io)?;
+            before - table.len().map_err(io)?
+        };
+        txn.commit().map_err(io)?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     fn read(db: &Database, key: &str, ttl: Duration) -> Result<SessionState, StoreError> {

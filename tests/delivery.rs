@@ -297,3 +297,77 @@ async fn a_kill_during_commits_leaves_no_half_commit() {
     }
     assert!(consumed > 0, "some commits landed before the kill");
 }
+
+/// S2: idle artifacts and sessions expire (embedded store; Redis expires keys itself).
+#[tokio::test]
+async fn idle_sessions_and_artifacts_expire_s2() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), "").replace(
+        "drain_timeout_seconds = 5",
+        "drain_timeout_seconds = 5\n[store]\nidle_ttl_seconds = 1",
+    ));
+    let body = history("render_chart", 1, false);
+    post(&sluice, "/v1/messages", &body).await;
+    committed(&sluice, 1.0).await;
+    let text = mock.last().json()["messages"][2]["content"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = text.find("artifact://").unwrap() + 11;
+    let id: String = text[at..].chars().take(33).collect();
+    post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(embedded(&mock), 0, "shown once within the TTL");
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let gone = client()
+        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404, "the idle artifact expired");
+    post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(
+        embedded(&mock),
+        1,
+        "the idle session expired: a new session"
+    );
+}
+
+/// A8: over a 30-turn screenshot session, every turn without a lifetime event sends the
+/// previous request's projected history again, byte for byte.
+#[tokio::test]
+async fn thirty_turns_stay_byte_stable_between_lifetime_events_a8() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, "recent_count = 3\nprune_batch = 2"));
+    let mut previous: Option<Vec<u8>> = None;
+    let mut stable = 0;
+    for turn in 1..=30 {
+        post(
+            &sluice,
+            "/v1/messages",
+            &history("take_screenshot", turn, false),
+        )
+        .await;
+        committed(&sluice, turn as f64).await;
+        let body = mock.last().body.to_vec();
+        let pruned_now = turn >= 4 && turn % 2 == 0; // 3 kept, 2 at a time, one new per turn
+        if let Some(prev) = &previous {
+            let cut = prev.len() - 3;
+            if !pruned_now {
+                assert_eq!(
+                    &body[..cut],
+                    &prev[..cut],
+                    "turn {turn}: no lifetime event, same bytes"
+                );
+                stable += 1;
+            } else {
+                assert_ne!(
+                    body.get(..cut),
+                    Some(&prev[..cut]),
+                    "turn {turn}: a prune changes the history"
+                );
+            }
+        }
+        previous = Some(body);
+    }
+    assert_eq!(stable, 15, "29 turns after the first, 14 of them prunes");
+}

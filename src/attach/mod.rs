@@ -285,9 +285,20 @@ pub struct Memo {
 
 impl Default for Memo {
     fn default() -> Self {
+        Self::new(std::time::Duration::from_secs(
+            crate::config::DEFAULT_IDLE_TTL_SECONDS,
+        ))
+    }
+}
+
+impl Memo {
+    /// Caches whose extractions live at most half the store's idle TTL, so an image's artifact
+    /// is stored again (refreshing its expiry) before it can expire (S2).
+    pub fn new(ttl: std::time::Duration) -> Self {
         Self {
             extracted: moka::sync::Cache::builder()
                 .max_capacity(EXTRACT_MEMO_BYTES)
+                .time_to_live(ttl / 2)
                 .weigher(|_, v: &Option<Arc<extract::Extracted>>| {
                     let bytes = v.as_ref().map_or(0, |e| {
                         e.text.len()
@@ -307,6 +318,7 @@ impl Default for Memo {
                 .build(),
             users: moka::sync::Cache::builder()
                 .max_capacity(EXTRACT_MEMO_BYTES / 2)
+                .time_to_live(ttl / 2)
                 .weigher(|_, v: &Option<Arc<Item>>| {
                     let bytes = v.as_ref().map_or(0, |i| {
                         i.base64.as_ref().map_or(0, |b| b.len())
@@ -328,9 +340,7 @@ impl Default for Memo {
             seed: uuid::Uuid::new_v4().as_u64_pair().1,
         }
     }
-}
 
-impl Memo {
     /// The images of a tool result (`None`: it holds none), extracted once per content and
     /// tenant. The flag says whether this call extracted it (its artifacts are new).
     pub fn tool_result(

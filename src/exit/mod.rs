@@ -40,9 +40,21 @@ pub struct Memo {
 
 impl Default for Memo {
     fn default() -> Self {
+        Self::new(std::time::Duration::from_secs(
+            crate::config::DEFAULT_IDLE_TTL_SECONDS,
+        ))
+    }
+}
+
+impl Memo {
+    /// A memo whose entries live at most half the store's idle TTL: a remembered page is
+    /// recomputed, and its artifact stored again (refreshing its expiry), before the artifact
+    /// it names can expire (S2).
+    pub fn new(ttl: std::time::Duration) -> Self {
         Self {
             cache: moka::sync::Cache::builder()
                 .max_capacity(MEMO_BYTES)
+                .time_to_live(ttl / 2)
                 .weigher(|_, v: &Memoized| {
                     u32::try_from(v.as_ref().map_or(0, Bytes::len) + 32).unwrap_or(u32::MAX)
                 })
@@ -51,9 +63,7 @@ impl Default for Memo {
             seed: uuid::Uuid::new_v4().as_u64_pair().0,
         }
     }
-}
 
-impl Memo {
     pub fn insert(&self, key: u128, value: Memoized) {
         self.cache.insert(key, value);
     }

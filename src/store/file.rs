@@ -29,6 +29,33 @@ impl FileStore {
         &self.root
     }
 
+    /// Deletes artifacts not read or written for `ttl` (S2), by their modification time, which
+    /// reads refresh. Returns how many were deleted.
+    pub fn sweep(&self, ttl: std::time::Duration) -> usize {
+        let Some(cutoff) = std::time::SystemTime::now().checked_sub(ttl) else {
+            return 0;
+        };
+        let mut deleted = 0;
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    stack.push(path);
+                } else if meta.modified().is_ok_and(|m| m < cutoff)
+                    && std::fs::remove_file(&path).is_ok()
+                {
+                    deleted += 1;
+                }
+            }
+        }
+        deleted
+    }
+
     fn probe(&self) -> Result<(), std::io::Error> {
         let probe = self
             .root
@@ -48,7 +75,11 @@ impl FileStore {
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
     if path.exists() {
-        return Ok(());
+        // Stored already (content-addressed): only its idle time restarts.
+        return std::fs::File::options()
+            .append(true)
+            .open(path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -83,7 +114,14 @@ impl ArtifactStore for FileStore {
     async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
         let path = self.path(tenant, id);
         blocking(move || match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
+            Ok(bytes) => {
+                // A read keeps the artifact alive (S2: expiry counts idle time).
+                let _ = std::fs::File::options()
+                    .append(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                Ok(Some(Bytes::from(bytes)))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         })

@@ -186,9 +186,12 @@ pub struct Artifacts<S> {
 }
 
 impl<S: ArtifactStore> Artifacts<S> {
-    pub fn new(backend: S, metrics: Arc<Metrics>) -> Self {
+    /// `ttl` is the store's idle TTL: cached entries live at most half of it, so a `put` of a
+    /// remembered artifact reaches the backend (and refreshes its expiry) in time (S2).
+    pub fn new(backend: S, metrics: Arc<Metrics>, ttl: std::time::Duration) -> Self {
         let cache = moka::sync::Cache::builder()
             .max_capacity(ARTIFACT_CACHE_BYTES)
+            .time_to_live(ttl / 2)
             .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
             .build();
         Self {
@@ -233,6 +236,10 @@ impl<S: ArtifactStore> Artifacts<S> {
 
     pub async fn check(&self) -> Result<(), StoreError> {
         self.backend.check().await
+    }
+
+    pub fn backend(&self) -> &S {
+        &self.backend
     }
 
     fn observe(&self, op: &str, start: Instant, ok: bool) {
