@@ -239,6 +239,16 @@ enum Place {
     User(usize),
 }
 
+/// Whether the request may carry images, and so needs its session's delivery state. A request
+/// without any (most of them) skips the session store entirely.
+pub fn needs_state(view: &RequestView<'_>) -> bool {
+    !view.user_images.is_empty()
+        || view
+            .tool_results
+            .iter()
+            .any(|r| attach::extract::may_hold_images(r.content.get()))
+}
+
 /// Projects a request: images first (M1-M5, A1, A5-A7), then the text exit on what text
 /// remains (T2, section 3). When nothing needs changing the edits are empty and the body is
 /// forwarded as sent (P1).

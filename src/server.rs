@@ -574,19 +574,23 @@ impl App {
             .sessions_active
             .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
         // A store that cannot be read must not fail the request: it goes on without delivery
-        // state, and commits nothing.
-        let loading = Instant::now();
-        let loaded = self.sessions.load(&session).await;
-        self.metrics
-            .store_seconds
-            .with_label_values(&[self.sessions.backend(), "load"])
-            .observe(loading.elapsed().as_secs_f64());
-        let (state, committable) = match loaded {
-            Ok(state) => (state, true),
-            Err(e) => {
-                tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
-                (SessionState::default(), false)
+        // state, and commits nothing. A request without images needs no state at all.
+        let (state, committable) = if projection::needs_state(&view) {
+            let loading = Instant::now();
+            let loaded = self.sessions.load(&session).await;
+            self.metrics
+                .store_seconds
+                .with_label_values(&[self.sessions.backend(), "load"])
+                .observe(loading.elapsed().as_secs_f64());
+            match loaded {
+                Ok(state) => (state, true),
+                Err(e) => {
+                    tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
+                    (SessionState::default(), false)
+                }
             }
+        } else {
+            (SessionState::default(), false)
         };
         let projection = project(
             &view,
