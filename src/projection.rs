@@ -241,12 +241,12 @@ enum Place {
 
 /// Whether the request may carry images, and so needs its session's delivery state. A request
 /// without any (most of them) skips the session store entirely.
-pub fn needs_state(view: &RequestView<'_>) -> bool {
+pub fn needs_state(view: &RequestView<'_>, tenant: &Tenant, media: &attach::Memo) -> bool {
     !view.user_images.is_empty()
         || view
             .tool_results
             .iter()
-            .any(|r| attach::extract::may_hold_images(r.content.get()))
+            .any(|r| media.tool_result(r.content, tenant).is_some())
 }
 
 /// Projects a request: images first (M1-M5, A1, A5-A7), then the text exit on what text
@@ -267,11 +267,11 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
         .tool_results
         .iter()
         .map(|r| {
-            let (found, fresh) = ctx.media.tool_result(r.content, ctx.tenant);
-            if fresh {
-                if let Some(e) = &found {
-                    out.spills.extend(media_artifacts(&e.items));
-                }
+            // Every image's artifact goes to the store each time; the store's cache makes a
+            // known one free, and a stale one is stored again, refreshing its expiry.
+            let found = ctx.media.tool_result(r.content, ctx.tenant);
+            if let Some(e) = &found {
+                out.spills.extend(media_artifacts(&e.items));
             }
             found
         })
@@ -283,11 +283,9 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
         .map(|u| {
             let k = per_message.entry(u.item).or_insert(0usize);
             *k += 1;
-            let (found, fresh) = ctx.media.user_part(u.part, *k, ctx.tenant);
-            if fresh {
-                out.spills
-                    .extend(media_artifacts(found.iter().map(|i| &**i)));
-            }
+            let found = ctx.media.user_part(u.part, *k, ctx.tenant);
+            out.spills
+                .extend(media_artifacts(found.iter().map(|i| &**i)));
             found
         })
         .collect();

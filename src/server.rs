@@ -575,7 +575,7 @@ impl App {
             .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
         // A store that cannot be read must not fail the request: it goes on without delivery
         // state, and commits nothing. A request without images needs no state at all.
-        let (state, committable) = if projection::needs_state(&view) {
+        let (state, committable) = if projection::needs_state(&view, &tenant, &self.media) {
             let loading = Instant::now();
             let loaded = self.sessions.load(&session).await;
             self.metrics

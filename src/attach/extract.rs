@@ -33,14 +33,25 @@ pub struct Extracted {
 }
 
 /// Whether `raw` may hold an image at all: a quick byte search that lets the common case (a tool
-/// result of plain text) skip the parse.
+/// result of plain text) skip the parse. Two SIMD searches, for `image` and `blob`, each
+/// occurrence then checked for the forms images take (`data:image/`, an `"image"`,
+/// `"input_image"` or `"image_url"` key or type, an MCP resource `"blob"`), raw or escaped
+/// inside a JSON string.
 pub fn may_hold_images(raw: &str) -> bool {
     let b = raw.as_bytes();
-    memchr::memmem::find(b, b"data:image/").is_some()
-        || memchr::memmem::find(b, b"image\"").is_some()
-        || memchr::memmem::find(b, b"image\\\"").is_some()
-        || memchr::memmem::find(b, b"\"blob").is_some()
-        || memchr::memmem::find(b, b"\\\"blob").is_some()
+    let image = memchr::memmem::find_iter(b, b"image").any(|at| {
+        let after = &b[at + 5..];
+        let before = &b[..at];
+        let after = after.strip_prefix(b"_url").unwrap_or(after);
+        after.starts_with(b"/") && before.ends_with(b"data:")
+            || after.starts_with(b"\"")
+            || after.starts_with(b"\\\"")
+    });
+    image
+        || memchr::memmem::find_iter(b, b"blob").any(|at| {
+            let after = &b[at + 4..];
+            after.starts_with(b"\"") || after.starts_with(b"\\\"")
+        })
 }
 
 struct Finder<'t> {

@@ -342,47 +342,41 @@ impl Memo {
     }
 
     /// The images of a tool result (`None`: it holds none), extracted once per content and
-    /// tenant. The flag says whether this call extracted it (its artifacts are new).
+    /// tenant.
     pub fn tool_result(
         &self,
         content: &serde_json::value::RawValue,
         tenant: &crate::tenant::Tenant,
-    ) -> (Option<Arc<extract::Extracted>>, bool) {
+    ) -> Option<Arc<extract::Extracted>> {
+        // A hash and a lookup first: agents resend their history every turn, and a result seen
+        // before, with or without images, costs no search (xxh3 is much faster than the byte
+        // search for image markers on text full of near-matches).
         let raw = content.get();
-        if !extract::may_hold_images(raw) {
-            return (None, false);
-        }
         let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
         h.update(tenant.key());
         h.update(raw.as_bytes());
         let key = h.digest128();
-        if let Some(known) = self.extracted.get(&key) {
-            return (known, false);
-        }
-        let found = extract::tool_result(content, tenant).map(Arc::new);
-        self.extracted.insert(key, found.clone());
-        (found, true)
+        self.extracted.get_with(key, || {
+            extract::may_hold_images(raw)
+                .then(|| extract::tool_result(content, tenant).map(Arc::new))
+                .flatten()
+        })
     }
 
-    /// A user message's image part, checked once per content and tenant. The flag says whether
-    /// this call checked it (its artifact is new).
+    /// A user message's image part, checked once per content and tenant.
     pub fn user_part(
         &self,
         part: &serde_json::value::RawValue,
         k: usize,
         tenant: &crate::tenant::Tenant,
-    ) -> (Option<Arc<Item>>, bool) {
+    ) -> Option<Arc<Item>> {
         let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
         h.update(tenant.key());
         h.update(&(k as u64).to_le_bytes());
         h.update(part.get().as_bytes());
         let key = h.digest128();
-        if let Some(known) = self.users.get(&key) {
-            return (known, false);
-        }
-        let found = extract::user_part(part, k, tenant).map(Arc::new);
-        self.users.insert(key, found.clone());
-        (found, true)
+        self.users
+            .get_with(key, || extract::user_part(part, k, tenant).map(Arc::new))
     }
 
     /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
