@@ -239,20 +239,53 @@ enum Place {
     User(usize),
 }
 
-/// Whether the request may carry images, and so needs its session's delivery state. A request
-/// without any (most of them) skips the session store entirely.
-pub fn needs_state(view: &RequestView<'_>, tenant: &Tenant, media: &attach::Memo) -> bool {
-    !view.user_images.is_empty()
-        || view
+/// The images of a request, found and checked (remembered per content): the part of
+/// projection that needs no session state, done first so a request without images can skip the
+/// session store entirely.
+pub struct Prepared {
+    extracted: Vec<Option<Arc<Extracted>>>,
+    users: Vec<Option<Arc<Item>>>,
+}
+
+impl Prepared {
+    pub fn new(view: &RequestView<'_>, tenant: &Tenant, media: &attach::Memo) -> Prepared {
+        let extracted = view
             .tool_results
             .iter()
-            .any(|r| media.tool_result(r.content, tenant).is_some())
+            .map(|r| media.tool_result(r.content, tenant))
+            .collect();
+        let mut per_message = std::collections::HashMap::new();
+        let users = view
+            .user_images
+            .iter()
+            .map(|u| {
+                let k = per_message.entry(u.item).or_insert(0usize);
+                *k += 1;
+                media.user_part(u.part, *k, tenant)
+            })
+            .collect();
+        Prepared { extracted, users }
+    }
+
+    /// Whether the request carries any image, and so needs its session's delivery state.
+    pub fn has_images(&self) -> bool {
+        self.extracted.iter().any(Option::is_some) || self.users.iter().any(Option::is_some)
+    }
 }
 
 /// Projects a request: images first (M1-M5, A1, A5-A7), then the text exit on what text
 /// remains (T2, section 3). When nothing needs changing the edits are empty and the body is
 /// forwarded as sent (P1).
 pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
+    project_prepared(view, ctx, Prepared::new(view, ctx.tenant, ctx.media))
+}
+
+/// [`project`] with the images already found.
+pub fn project_prepared(
+    view: &RequestView<'_>,
+    ctx: &Context<'_>,
+    prepared: Prepared,
+) -> Projection {
     let policy = exit::Policy {
         tenant: ctx.tenant,
         budget: Budget {
@@ -263,32 +296,14 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
     };
     let mut out = Projection::default();
     // Extract the images of tool results (remembered per content) and user messages.
-    let extracted: Vec<Option<Arc<Extracted>>> = view
-        .tool_results
-        .iter()
-        .map(|r| {
-            // Every image's artifact goes to the store each time; the store's cache makes a
-            // known one free, and a stale one is stored again, refreshing its expiry.
-            let found = ctx.media.tool_result(r.content, ctx.tenant);
-            if let Some(e) = &found {
-                out.spills.extend(media_artifacts(&e.items));
-            }
-            found
-        })
-        .collect();
-    let mut per_message = std::collections::HashMap::new();
-    let users: Vec<Option<Arc<Item>>> = view
-        .user_images
-        .iter()
-        .map(|u| {
-            let k = per_message.entry(u.item).or_insert(0usize);
-            *k += 1;
-            let found = ctx.media.user_part(u.part, *k, ctx.tenant);
-            out.spills
-                .extend(media_artifacts(found.iter().map(|i| &**i)));
-            found
-        })
-        .collect();
+    let Prepared { extracted, users } = prepared;
+    // Every image's artifact goes to the store each time; the store's cache makes a known one
+    // free, and a stale one is stored again, refreshing its expiry.
+    for e in extracted.iter().flatten() {
+        out.spills.extend(media_artifacts(&e.items));
+    }
+    out.spills
+        .extend(media_artifacts(users.iter().flatten().map(|i| &**i)));
     // Every image, in arrival (document) order.
     let mut places: Vec<(usize, usize, Place)> = Vec::new();
     for (ri, e) in extracted.iter().enumerate() {

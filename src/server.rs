@@ -41,7 +41,7 @@ use crate::exit::cursor::{Cursor, CursorError};
 use crate::exit::text::Lines;
 use crate::exit::{notice, Memo};
 use crate::metrics::Metrics;
-use crate::projection::{self, project, splice, Summary};
+use crate::projection::{self, splice, Summary};
 use crate::route::RouteTable;
 use crate::session::{EmbeddedSessions, SessionKey, SessionStore, Sessions};
 use crate::store::file::FileStore;
@@ -575,7 +575,8 @@ impl App {
             .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
         // A store that cannot be read must not fail the request: it goes on without delivery
         // state, and commits nothing. A request without images needs no state at all.
-        let (state, committable) = if projection::needs_state(&view, &tenant, &self.media) {
+        let prepared = projection::Prepared::new(&view, &tenant, &self.media);
+        let (state, committable) = if prepared.has_images() {
             let loading = Instant::now();
             let loaded = self.sessions.load(&session).await;
             self.metrics
@@ -592,7 +593,7 @@ impl App {
         } else {
             (SessionState::default(), false)
         };
-        let projection = project(
+        let projection = projection::project_prepared(
             &view,
             &projection::Context {
                 tenant: &tenant,
@@ -601,6 +602,7 @@ impl App {
                 media: &self.media,
                 state: &state,
             },
+            prepared,
         );
         // count_tokens shows the model nothing: it never changes what was delivered.
         let shows_model = !parts.uri.path().ends_with("/count_tokens");
