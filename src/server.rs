@@ -564,35 +564,37 @@ impl App {
                 model: model.chars().take(200).collect(),
             })?;
         ctx.route.clone_from(&route.config.name);
-        let header = parts
-            .headers
-            .get(&self.session_header)
-            .and_then(|v| v.to_str().ok());
-        let (session, _) = SessionKey::of(&tenant, header, &view, &route.config.name);
-        self.seen.insert(session.0.clone(), ());
-        self.metrics
-            .sessions_active
-            .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
         // A store that cannot be read must not fail the request: it goes on without delivery
-        // state, and commits nothing. A request without images needs no state at all.
+        // state, and commits nothing. A request without images needs no session at all.
         let prepared = projection::Prepared::new(&view, &tenant, &self.media);
-        let (state, committable) = if prepared.has_images() {
+        let mut session = None;
+        let mut state = SessionState::default();
+        if prepared.has_images() {
+            let header = parts
+                .headers
+                .get(&self.session_header)
+                .and_then(|v| v.to_str().ok());
+            let (key, _) = SessionKey::of(&tenant, header, &view, &route.config.name);
+            self.seen.insert(key.0.clone(), ());
+            self.metrics
+                .sessions_active
+                .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
             let loading = Instant::now();
-            let loaded = self.sessions.load(&session).await;
+            let loaded = self.sessions.load(&key).await;
             self.metrics
                 .store_seconds
                 .with_label_values(&[self.sessions.backend(), "load"])
                 .observe(loading.elapsed().as_secs_f64());
             match loaded {
-                Ok(state) => (state, true),
+                Ok(loaded) => {
+                    state = loaded;
+                    session = Some(key);
+                }
                 Err(e) => {
                     tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
-                    (SessionState::default(), false)
                 }
             }
-        } else {
-            (SessionState::default(), false)
-        };
+        }
         let projection = projection::project_prepared(
             &view,
             &projection::Context {
@@ -606,8 +608,9 @@ impl App {
         );
         // count_tokens shows the model nothing: it never changes what was delivered.
         let shows_model = !parts.uri.path().ends_with("/count_tokens");
-        let commit = (committable && shows_model && !projection.delta.records.is_empty())
-            .then(|| (session, projection.delta.clone()));
+        let commit = session
+            .filter(|_| shows_model && !projection.delta.records.is_empty())
+            .map(|session| (session, projection.delta.clone()));
         drop(view);
         // The artifacts must be durable before the model is shown a reference to them (T3):
         // if they cannot be stored, the request fails rather than go out with a broken cursor.
