@@ -11,8 +11,7 @@ use crate::dialect::{Dialect, Family};
 pub struct Route {
     pub config: RouteConfig,
     models: GlobSet,
-    /// Base URL without a trailing slash; the request path is appended.
-    pub base: String,
+    /// Base URL; the request path is appended to its path.
     base_url: reqwest::Url,
     /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
     pub api_key: Option<HeaderValue>,
@@ -22,7 +21,7 @@ impl std::fmt::Debug for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Route")
             .field("name", &self.config.name)
-            .field("base", &self.base)
+            .field("base", &self.base_url.as_str())
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish()
     }
@@ -85,7 +84,6 @@ impl RouteTable {
                 message: e.to_string(),
             })?;
             routes.push(Route {
-                base,
                 base_url,
                 config: config.clone(),
                 models,
@@ -154,9 +152,14 @@ mod tests {
             Some("openai")
         );
         assert_eq!(name(Dialect::AnthropicMessages, "gpt-4o"), None);
+        let root: http::Uri = "/".parse().unwrap();
         assert_eq!(
-            table.select(Dialect::OpenAiChat, "x").unwrap().base,
-            "http://openai.example"
+            table
+                .select(Dialect::OpenAiChat, "x")
+                .unwrap()
+                .url(&root)
+                .as_str(),
+            "http://openai.example/"
         );
         assert_eq!(
             table.select_family(Family::Anthropic).unwrap().config.name,

@@ -289,7 +289,7 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                 .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
                 .and_then(|m| hint(Some(&m)));
             match p.kind.as_deref() {
-                Some("text" | "input_text" | "output_text") => {
+                kind if crate::exit::is_text_part(kind) => {
                     texts.push(finder.text(p.text.as_deref().unwrap_or_default()));
                 }
                 Some("image") => match p.source {

@@ -12,7 +12,6 @@ pub mod notice;
 pub mod text;
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -165,7 +164,8 @@ struct Part<'a> {
     cache_control: Option<&'a RawValue>,
 }
 
-fn is_text_part(kind: Option<&str>) -> bool {
+/// Whether a content part is text, in any dialect's name for it.
+pub(crate) fn is_text_part(kind: Option<&str>) -> bool {
     matches!(kind, Some("text" | "input_text" | "output_text"))
 }
 
@@ -267,9 +267,6 @@ fn replace_parts(dialect: Dialect, parts: &[&RawValue], page_json: &str) -> Stri
     out.push(']');
     out
 }
-
-/// Shared handle to the memo, as the server keeps it.
-pub type SharedMemo = Arc<Memo>;
 
 #[cfg(test)]
 mod tests {

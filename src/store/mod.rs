@@ -181,7 +181,8 @@ impl ArtifactStore for Backend {
 /// The artifact store sluice uses: a backend with a bounded cache of recent artifacts in front.
 pub struct Artifacts<S> {
     backend: S,
-    cache: moka::sync::Cache<(String, ArtifactId), Bytes>,
+    /// Keyed by the tenant's key material (no hashing per lookup) and the id.
+    cache: moka::sync::Cache<([u8; 32], ArtifactId), Bytes>,
     metrics: Arc<Metrics>,
 }
 
@@ -207,7 +208,7 @@ impl<S: ArtifactStore> Artifacts<S> {
         id: &ArtifactId,
         bytes: Bytes,
     ) -> Result<(), StoreError> {
-        let key = (tenant.namespace(), *id);
+        let key = (*tenant.key(), *id);
         if self.cache.contains_key(&key) {
             return Ok(());
         }
@@ -220,7 +221,7 @@ impl<S: ArtifactStore> Artifacts<S> {
     }
 
     pub async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
-        let key = (tenant.namespace(), *id);
+        let key = (*tenant.key(), *id);
         if let Some(bytes) = self.cache.get(&key) {
             return Ok(Some(bytes));
         }
