@@ -34,6 +34,21 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// Every value `kind` returns, so the error counter starts at zero for each (alert rules
+    /// then see a series before the first error).
+    pub const KINDS: [&'static str; 10] = [
+        "bad_json",
+        "body_too_large",
+        "client_body",
+        "no_route",
+        "not_found",
+        "upstream_unreachable",
+        "upstream_timeout",
+        "store_unavailable",
+        "bad_cursor",
+        "internal",
+    ];
+
     /// Low-cardinality name for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {

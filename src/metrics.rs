@@ -2,9 +2,14 @@
 //! and their unit; labels are low-cardinality (dialect, route name, status, outcome).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::error::GatewayError;
+
+/// The outcomes of `sluice_commits_total`.
+pub const COMMIT_OUTCOMES: [&str; 3] = ["committed", "discarded", "failed"];
 
 /// Buckets for time spent inside sluice: from 25 µs to 100 ms.
 const OVERHEAD_BUCKETS: &[f64] = &[
@@ -72,6 +77,8 @@ pub struct Metrics {
     pub sessions_active: IntGauge,
     /// Images pruned by `recent` pruning (A4), counted when the pruning is committed.
     pub images_pruned_total: IntCounter,
+    /// 1 while the store answered its last check (every few seconds and on each /readyz), else 0.
+    pub store_up: IntGaugeVec,
 }
 
 impl Metrics {
@@ -182,6 +189,22 @@ impl Metrics {
             "sluice_images_pruned_total",
             "Images removed by recent pruning (committed).",
         )?;
+        let store_up = IntGaugeVec::new(
+            Opts::new(
+                "sluice_store_up",
+                "1 while the artifact and session store answers, else 0.",
+            ),
+            &["backend"],
+        )?;
+        // Counters alert rules divide or rate over start at zero rather than appearing with
+        // the first event.
+        for kind in GatewayError::KINDS {
+            errors_total.with_label_values(&[kind]);
+        }
+        for outcome in COMMIT_OUTCOMES {
+            commits_total.with_label_values(&[outcome]);
+        }
+        registry.register(Box::new(store_up.clone()))?;
         registry.register(Box::new(sessions_active.clone()))?;
         registry.register(Box::new(images_pruned_total.clone()))?;
         registry.register(Box::new(commits_total.clone()))?;
@@ -222,6 +245,7 @@ impl Metrics {
             store_seconds,
             sessions_active,
             images_pruned_total,
+            store_up,
         })
     }
 

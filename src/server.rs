@@ -247,6 +247,7 @@ impl Server {
         let admin_graceful = GracefulShutdown::new();
         let admin_tasks = TaskTracker::new();
         admin_tasks.spawn(sweep(shared.clone(), stop_rx.clone()));
+        admin_tasks.spawn(watch_store(shared.clone(), stop_rx.clone()));
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             tokio::select! {
@@ -285,6 +286,21 @@ impl Server {
         let _ = tokio::time::timeout(Duration::from_secs(1), admin_graceful.shutdown()).await;
         admin_tasks.close();
         tracing::info!("stopped");
+    }
+}
+
+/// How often the store is checked for `sluice_store_up` between readiness probes.
+const STORE_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps `sluice_store_up` current, so a Redis outage shows in metrics even where nothing
+/// probes /readyz.
+async fn watch_store(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let _ = shared.check_store().await;
+        tokio::select! {
+            () = tokio::time::sleep(STORE_CHECK_EVERY) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
     }
 }
 
@@ -901,6 +917,16 @@ impl App {
 }
 
 impl Shared {
+    /// Checks the store can be written, and records the answer in `sluice_store_up`.
+    async fn check_store(&self) -> Result<(), crate::store::StoreError> {
+        let checked = self.artifacts.check().await;
+        self.metrics
+            .store_up
+            .with_label_values(&[self.sessions.backend()])
+            .set(i64::from(checked.is_ok()));
+        checked
+    }
+
     /// The admin listener: `/healthz`, `/readyz`, `/metrics` (O2).
     async fn admin(&self, req: &Request<Incoming>) -> Response<Body> {
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
@@ -910,7 +936,7 @@ impl Shared {
                 "text/plain",
                 Bytes::from("draining\n"),
             ),
-            (&Method::GET, "/readyz") => match self.artifacts.check().await {
+            (&Method::GET, "/readyz") => match self.check_store().await {
                 Ok(()) => (StatusCode::OK, "text/plain", Bytes::from("ready\n")),
                 Err(e) => {
                     tracing::warn!(error = %e, "not ready: the store cannot be written");
