@@ -46,6 +46,9 @@ pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
 pub const DEFAULT_MAX_DIMENSION: u32 = 8000;
 pub const DEFAULT_RECENT_COUNT: usize = 3;
 pub const DEFAULT_PRUNE_BATCH: usize = 2;
+/// Read rounds per request (C2): enough for a few pages, bounded so a model that keeps reading
+/// still answers.
+pub const DEFAULT_MAX_READ_STEPS: usize = 4;
 
 /// The top-level keys. A `SLUICE_` variable is read as config only when its first segment is
 /// one of them, so an operator's own `SLUICE_OPENAI_KEY` (say, named by `api_key_env`) or
@@ -132,6 +135,8 @@ pub struct RouteConfig {
     pub api_key_env: String,
     pub input_modalities: Vec<Modality>,
     pub read_tool: String,
+    /// Rounds of read calls sluice answers for one request before the model must answer (C2).
+    pub max_read_steps: usize,
     pub exit: ExitConfig,
     pub images: ImagesConfig,
     pub tool_lifetimes: BTreeMap<String, Lifetime>,
@@ -231,6 +236,7 @@ impl Default for RouteConfig {
             api_key_env: String::new(),
             input_modalities: vec![Modality::Text, Modality::Image],
             read_tool: "sluice_read".into(),
+            max_read_steps: DEFAULT_MAX_READ_STEPS,
             exit: ExitConfig::default(),
             images: ImagesConfig::default(),
             tool_lifetimes: BTreeMap::from([("*screenshot*".to_string(), Lifetime::Recent)]),
@@ -443,8 +449,23 @@ impl RouteConfig {
                 format!("environment variable {} is not set", self.api_key_env),
             ));
         }
-        if self.read_tool.is_empty() {
-            return Err(ConfigError::at(format!("{at}.read_tool"), "is required"));
+        if self.read_tool.is_empty()
+            || !self
+                .read_tool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            || self.read_tool.len() > 64
+        {
+            return Err(ConfigError::at(
+                format!("{at}.read_tool"),
+                "must be 1-64 letters, digits, '_' or '-' (a tool name every provider accepts)",
+            ));
+        }
+        if self.max_read_steps > 16 {
+            return Err(ConfigError::at(
+                format!("{at}.max_read_steps"),
+                "must be at most 16 (each step is a full model call)",
+            ));
         }
         if self.exit.max_lines < 2 {
             return Err(ConfigError::at(

@@ -11,6 +11,7 @@
 //! - [`dialect`]: the three wire APIs; reads a request into a [`projection::RequestView`].
 //! - [`projection`]: the view, the edits, the splice (pure).
 //! - [`exit`]: the text exit: budgets, pages, notices, cursors (pure).
+//! - [`read`]: the read tool sluice offers the model and answers itself (Continue, C1–C4).
 //! - [`store`]: artifact stores (embedded files; Redis in shared mode).
 //! - [`tenant`]: who calls, as a fingerprint of the credential.
 //! - [`route`]: dialect + model glob → upstream.
@@ -26,6 +27,7 @@ pub mod exit;
 pub mod image;
 pub mod metrics;
 pub mod projection;
+pub mod read;
 pub mod route;
 pub mod server;
 pub mod session;

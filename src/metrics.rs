@@ -77,6 +77,10 @@ pub struct Metrics {
     pub sessions_active: IntGauge,
     /// Images pruned by `recent` pruning (A4), counted when the pruning is committed.
     pub images_pruned_total: IntCounter,
+    /// Read-tool calls sluice answered, by outcome (page, bad_cursor, expired, store_error).
+    pub read_calls_total: IntCounterVec,
+    /// Read rounds sluice answered per request that offered the read tool.
+    pub read_rounds: Histogram,
     /// 1 while the store answered its last check (every few seconds and on each /readyz), else 0.
     pub store_up: IntGaugeVec,
 }
@@ -204,6 +208,25 @@ impl Metrics {
         for outcome in COMMIT_OUTCOMES {
             commits_total.with_label_values(&[outcome]);
         }
+        let read_calls_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_read_calls_total",
+                "Read-tool calls answered by sluice, by outcome.",
+            ),
+            &["outcome"],
+        )?;
+        let read_rounds = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_read_rounds",
+                "Read rounds answered per request that offered the read tool.",
+            )
+            .buckets(vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]),
+        )?;
+        for outcome in ["page", "bad_cursor", "expired", "store_error"] {
+            read_calls_total.with_label_values(&[outcome]);
+        }
+        registry.register(Box::new(read_calls_total.clone()))?;
+        registry.register(Box::new(read_rounds.clone()))?;
         registry.register(Box::new(store_up.clone()))?;
         registry.register(Box::new(sessions_active.clone()))?;
         registry.register(Box::new(images_pruned_total.clone()))?;
@@ -246,6 +269,8 @@ impl Metrics {
             sessions_active,
             images_pruned_total,
             store_up,
+            read_calls_total,
+            read_rounds,
         })
     }
 

@@ -42,6 +42,7 @@ use crate::exit::text::Lines;
 use crate::exit::{notice, Memo};
 use crate::metrics::Metrics;
 use crate::projection::{self, splice, Summary};
+use crate::read;
 use crate::route::RouteTable;
 use crate::session::{EmbeddedSessions, SessionKey, SessionStore, Sessions};
 use crate::store::file::FileStore;
@@ -49,6 +50,8 @@ use crate::store::redis::RedisStore;
 use crate::store::{ArtifactId, ArtifactKind, Artifacts, Backend};
 use crate::tenant::Tenant;
 use crate::upstream::{self, BoxError, Upstream};
+
+mod rounds;
 
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -505,6 +508,57 @@ struct Context {
 }
 
 impl App {
+    /// The session of a request and its delivery state. A store that cannot be read must not
+    /// fail the request: it goes on without state (`None`), and commits nothing.
+    async fn load_session(
+        &self,
+        headers: &http::HeaderMap,
+        tenant: &Tenant,
+        view: &projection::RequestView<'_>,
+        route: &crate::route::Route,
+        ctx: &Context,
+    ) -> (Option<SessionKey>, SessionState) {
+        let header = headers
+            .get(&self.session_header)
+            .and_then(|v| v.to_str().ok());
+        let (key, _) = SessionKey::of(tenant, header, view, &route.config.name);
+        self.seen.insert(key.0.clone(), ());
+        self.metrics
+            .sessions_active
+            .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
+        let loading = Instant::now();
+        let loaded = self.sessions.load(&key).await;
+        self.metrics
+            .store_seconds
+            .with_label_values(&[self.sessions.backend(), "load"])
+            .observe(loading.elapsed().as_secs_f64());
+        match loaded {
+            Ok(state) => (Some(key), state),
+            Err(e) => {
+                tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
+                (None, SessionState::default())
+            }
+        }
+    }
+
+    /// The session's read-round links with their stored replacement items; a link whose
+    /// artifact is gone is left out (its turn then shows as the client received it).
+    async fn link_contents(
+        &self,
+        tenant: &Tenant,
+        state: &SessionState,
+    ) -> Vec<(read::Link, Vec<u8>)> {
+        let mut out = Vec::new();
+        for link in read::Link::all(state) {
+            match self.artifacts.get(tenant, &link.artifact).await {
+                Ok(Some(bytes)) => out.push((link, bytes.to_vec())),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot read hidden read rounds"),
+            }
+        }
+        out
+    }
+
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let start = Instant::now();
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -557,7 +611,7 @@ impl App {
     }
 
     async fn projected(
-        &self,
+        self: &Arc<Self>,
         dialect: Dialect,
         req: Request<Incoming>,
         start: Instant,
@@ -586,32 +640,11 @@ impl App {
         let mut session = None;
         let mut state = SessionState::default();
         if prepared.has_images() {
-            let header = parts
-                .headers
-                .get(&self.session_header)
-                .and_then(|v| v.to_str().ok());
-            let (key, _) = SessionKey::of(&tenant, header, &view, &route.config.name);
-            self.seen.insert(key.0.clone(), ());
-            self.metrics
-                .sessions_active
-                .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
-            let loading = Instant::now();
-            let loaded = self.sessions.load(&key).await;
-            self.metrics
-                .store_seconds
-                .with_label_values(&[self.sessions.backend(), "load"])
-                .observe(loading.elapsed().as_secs_f64());
-            match loaded {
-                Ok(loaded) => {
-                    state = loaded;
-                    session = Some(key);
-                }
-                Err(e) => {
-                    tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
-                }
-            }
+            (session, state) = self
+                .load_session(&parts.headers, &tenant, &view, route, ctx)
+                .await;
         }
-        let projection = projection::project_prepared(
+        let mut projection = projection::project_prepared(
             &view,
             &projection::Context {
                 tenant: &tenant,
@@ -624,7 +657,28 @@ impl App {
         );
         // count_tokens shows the model nothing: it never changes what was delivered.
         let shows_model = !parts.uri.path().ends_with("/count_tokens");
+        // C1: a request that holds a cursor is offered the read tool; the rounds hidden from
+        // the client on earlier turns are spliced back in where the client's history shows
+        // what it received (C3).
+        let offer = route.config.max_read_steps > 0 && projection.summary.spilled > 0;
+        let mut before = None;
+        if offer {
+            if session.is_none() {
+                (session, state) = self
+                    .load_session(&parts.headers, &tenant, &view, route, ctx)
+                    .await;
+            }
+            if let Some(shape) = read::Shape::read(dialect, &body) {
+                before = shape.last_item();
+                let links = self.link_contents(&tenant, &state).await;
+                if !links.is_empty() {
+                    let text = std::str::from_utf8(&body).unwrap_or_default();
+                    projection.edits.extend(read::splices(&shape, text, &links));
+                }
+            }
+        }
         let commit = session
+            .clone()
             .filter(|_| shows_model && !projection.delta.records.is_empty())
             .map(|session| (session, projection.delta.clone()));
         drop(view);
@@ -679,12 +733,34 @@ impl App {
         for (key, value) in projection.memos {
             self.memo.insert(key, value);
         }
-        let forwarded = splice(&body, projection.edits).map_err(|e| {
+        let mut forwarded = splice(&body, projection.edits).map_err(|e| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
             GatewayError::Internal
         })?;
+        let mut tool = None;
+        if offer {
+            if let Some(shape) = read::Shape::read(dialect, &forwarded) {
+                let name = read::tool_name(&route.config.read_tool, &shape.tool_names(dialect));
+                let edit = shape.add_tool(&read::definition(dialect, &name));
+                forwarded = splice(&forwarded, vec![edit]).map_err(|_| GatewayError::Internal)?;
+                tool = Some(name);
+            }
+        }
         let url = route.url(&parts.uri);
         let headers = upstream::request_headers(parts.headers, route, ctx.family);
+        let job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
+            dialect,
+            tool,
+            max_steps: route.config.max_read_steps,
+            tenant: tenant.clone(),
+            method: parts.method.clone(),
+            url: url.clone(),
+            headers: headers.clone(),
+            body: forwarded.clone(),
+            before,
+            session: session.clone(),
+            delta: projection.delta.clone(),
+        });
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();
         let started = self
@@ -696,13 +772,20 @@ impl App {
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
             .observe((answered_at - sent_at).as_secs_f64());
-        let watch = Some(Completion::new(dialect));
-        let mut response = self.relay(started, ctx, inflight, start, watch, commit);
         let summary = if projection.summary == Summary::default() {
             Ok(HeaderValue::from_static(NOTHING_PROJECTED))
         } else {
             HeaderValue::from_str(&projection.summary.header_value())
         };
+        if let Some(job) = job {
+            let mut response = self.read_rounds(job, started, ctx, inflight, start).await;
+            if let Ok(value) = summary {
+                response.headers_mut().insert(PROJECTION, value);
+            }
+            return Ok(response);
+        }
+        let watch = Some(Completion::new(dialect));
+        let mut response = self.relay(started, ctx, inflight, start, watch, commit);
         if let Ok(value) = summary {
             response.headers_mut().insert(PROJECTION, value);
         }

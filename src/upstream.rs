@@ -141,6 +141,32 @@ impl Started {
             .is_some_and(|v| v.starts_with("text/event-stream"))
     }
 
+    /// The next body chunk, for callers that read the body themselves (the read tool's rounds);
+    /// `Ok(None)` at the end. Fails on an upstream error or past the idle timeout.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, BoxError> {
+        if let Some(first) = self.first.take() {
+            return Ok(Some(first));
+        }
+        match tokio::time::timeout(self.idle, self.rest.next()).await {
+            Err(_) => Err("upstream idle timeout".into()),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(chunk))) => Ok(Some(chunk)),
+            Ok(Some(Err(e))) => Err(e.into()),
+        }
+    }
+
+    /// The whole body, up to `limit` bytes (a longer one is an error).
+    pub async fn collect(&mut self, limit: usize) -> Result<Bytes, BoxError> {
+        let mut all = bytes::BytesMut::new();
+        while let Some(chunk) = self.next_chunk().await? {
+            if all.len() + chunk.len() > limit {
+                return Err("upstream response too large".into());
+            }
+            all.extend_from_slice(&chunk);
+        }
+        Ok(all.freeze())
+    }
+
     /// The response body for the client: each upstream chunk is handed on as it arrives, with no
     /// re-framing and no buffering beyond the chunk in hand (P3). The client's pace drives the
     /// reads, so a slow client slows the upstream instead of filling memory. `on_end` runs once,

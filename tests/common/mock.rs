@@ -54,6 +54,16 @@ pub enum Reply {
     StallBody { events: usize, pause: Duration },
     /// Send the first `events` events, then wait until [`MockUpstream::release`], then the rest.
     Gate { events: usize },
+    /// Text parts and tool calls, in order.
+    Parts(Vec<Part>),
+    /// Like a model reading a spilled result: `before` (text), then a call of the request's
+    /// read tool (its last tool) with the newest cursor in the request, then a call of `also`
+    /// (an agent tool, for mixed calls). With no cursor left to read, the text `answer`.
+    Read {
+        before: Option<String>,
+        also: Option<String>,
+        answer: String,
+    },
 }
 
 struct State {
@@ -234,10 +244,21 @@ async fn answer(
         );
     }
     let reply = reply.unwrap_or_else(|| directive(&recorded.body));
+    let reply = match reply {
+        Reply::Read {
+            before,
+            also,
+            answer,
+        } => read_on(&request, dialect, before, also, answer),
+        other => other,
+    };
     let content = match &reply {
-        Reply::ToolCall { name, arguments } => Content::Tool(name.clone(), arguments.clone()),
-        Reply::Text(text) => Content::Text(text.clone()),
-        _ => Content::Text("Hello from the mock.".into()),
+        Reply::ToolCall { name, arguments } => {
+            Content(vec![Part::Tool(name.clone(), arguments.clone())])
+        }
+        Reply::Text(text) => Content::text(text.clone()),
+        Reply::Parts(parts) => Content(parts.clone()),
+        _ => Content::text("Hello from the mock.".into()),
     };
     match reply {
         Reply::Status(code, body) => json_response(code, body),
@@ -279,14 +300,56 @@ async fn answer(
             });
             sse_response(stream::iter(head.into_iter().map(Ok)).chain(later))
         }
-        Reply::Text(_) | Reply::ToolCall { .. } if stream => {
+        Reply::Text(_) | Reply::ToolCall { .. } | Reply::Parts(_) | Reply::Read { .. }
+            if stream =>
+        {
             let events = dialect.events(&model, &content);
             sse_response(stream::iter(events.into_iter().map(Ok::<_, BoxError>)))
         }
-        Reply::Text(_) | Reply::ToolCall { .. } => {
+        Reply::Text(_) | Reply::ToolCall { .. } | Reply::Parts(_) | Reply::Read { .. } => {
             json_response(200, dialect.json(&model, &content).to_string())
         }
     }
+}
+
+/// The newest `{"cursor":"…"}` hint in a request (pages appended last come last).
+pub fn newest_cursor(request: &Value) -> Option<String> {
+    // The read tool's own description shows the hint's shape; only the history counts.
+    let mut history = request.clone();
+    if let Some(h) = history.as_object_mut() {
+        h.remove("tools");
+    }
+    let text = history.to_string();
+    let key = r#"{\"cursor\":\""#;
+    let at = text.rfind(key)? + key.len();
+    let rest = &text[at..];
+    Some(rest[..rest.find('\\')?].to_string())
+}
+
+/// The request's read tool: the last tool it offers.
+fn read_tool(request: &Value, dialect: Dialect) -> Option<String> {
+    let last = request["tools"].as_array()?.last()?;
+    let name = match dialect {
+        Dialect::Chat => &last["function"]["name"],
+        _ => &last["name"],
+    };
+    name.as_str().map(str::to_string)
+}
+
+fn read_on(
+    request: &Value,
+    dialect: Dialect,
+    before: Option<String>,
+    also: Option<String>,
+    answer: String,
+) -> Reply {
+    let (Some(tool), Some(cursor)) = (read_tool(request, dialect), newest_cursor(request)) else {
+        return Reply::Text(answer);
+    };
+    let mut parts: Vec<Part> = before.into_iter().map(Part::Text).collect();
+    parts.push(Part::Tool(tool, json!({"cursor": cursor})));
+    parts.extend(also.map(|name| Part::Tool(name, json!({"path": "."}))));
+    Reply::Parts(parts)
 }
 
 /// The reply a request asks for in its own text (for clients the test cannot script, such as the
@@ -306,6 +369,19 @@ fn directive(body: &[u8]) -> Reply {
             name,
             arguments: json!({"path": "."}),
         };
+    }
+    if let Some(n) = word("mock:read=").and_then(|c| c.parse::<usize>().ok()) {
+        // Read `n` pages, then answer: stateless, counted from the read results in the request.
+        let text = String::from_utf8_lossy(body);
+        let reads = text.matches("sluice: lines ").count().saturating_sub(1);
+        if reads < n {
+            return Reply::Read {
+                before: (reads == 0).then(|| "Reading on. ".to_string()),
+                also: None,
+                answer: String::new(),
+            };
+        }
+        return Reply::Text(format!("Read {reads} pages."));
     }
     if let Some(code) = word("mock:status=").and_then(|c| c.parse().ok()) {
         return Reply::Status(
@@ -437,9 +513,52 @@ enum Dialect {
     Anthropic,
 }
 
-enum Content {
+/// A model's answer: text and tool calls, in order.
+#[derive(Debug, Clone)]
+pub enum Part {
     Text(String),
     Tool(String, Value),
+}
+
+struct Content(Vec<Part>);
+
+impl Content {
+    fn text(text: String) -> Self {
+        Content(vec![Part::Text(text)])
+    }
+
+    fn calls(&self) -> usize {
+        self.0
+            .iter()
+            .filter(|p| matches!(p, Part::Tool(..)))
+            .count()
+    }
+
+    /// The text parts joined (chat has one content string).
+    fn joined(&self) -> Option<String> {
+        let texts: Vec<&str> = self
+            .0
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text(t) => Some(t.as_str()),
+                Part::Tool(..) => None,
+            })
+            .collect();
+        (!texts.is_empty()).then(|| texts.concat())
+    }
+
+    /// The tool calls with their call ids.
+    fn tools(&self) -> Vec<(String, &String, &Value)> {
+        self.0
+            .iter()
+            .filter_map(|p| match p {
+                Part::Tool(name, args) => Some((name, args)),
+                Part::Text(_) => None,
+            })
+            .enumerate()
+            .map(|(i, (name, args))| (format!("call_mock_{}", i + 1), name, args))
+            .collect()
+    }
 }
 
 /// Splits text into three roughly equal deltas (at char boundaries).
@@ -458,30 +577,35 @@ fn sse(event: Option<&str>, data: &Value) -> Bytes {
 
 impl Dialect {
     fn json(self, model: &str, content: &Content) -> Value {
-        match (self, content) {
-            (Dialect::Chat, Content::Text(text)) => json!({
-                "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                             "logprobs": null, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-            }),
-            (Dialect::Chat, Content::Tool(name, args)) => json!({
-                "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": null,
-                    "tool_calls": [{"id": "call_mock_1", "type": "function",
-                                    "function": {"name": name, "arguments": args.to_string()}}]},
-                    "logprobs": null, "finish_reason": "tool_calls"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-            }),
-            (Dialect::Responses, content) => responses_object(
-                model,
-                "completed",
-                vec![responses_item(content, "completed")],
-            ),
-            (Dialect::Anthropic, content) => json!({
+        match self {
+            Dialect::Chat => {
+                let calls: Vec<Value> = content
+                    .tools()
+                    .iter()
+                    .map(|(id, name, args)| {
+                        json!({"id": id, "type": "function",
+                        "function": {"name": name, "arguments": args.to_string()}})
+                    })
+                    .collect();
+                let mut message =
+                    json!({"role": "assistant", "content": content.joined(), "refusal": null});
+                if !calls.is_empty() {
+                    message["tool_calls"] = Value::Array(calls);
+                }
+                json!({
+                    "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": model,
+                    "choices": [{"index": 0, "message": message, "logprobs": null,
+                                 "finish_reason": if content.calls() > 0 { "tool_calls" } else { "stop" }}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+                })
+            }
+            Dialect::Responses => {
+                responses_object(model, "completed", responses_items(content, "completed"))
+            }
+            Dialect::Anthropic => json!({
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
-                "content": [anthropic_block(content, true)],
-                "stop_reason": if matches!(content, Content::Tool(..)) { "tool_use" } else { "end_turn" },
+                "content": anthropic_blocks(content),
+                "stop_reason": if content.calls() > 0 { "tool_use" } else { "end_turn" },
                 "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 5}
             }),
         }
@@ -508,28 +632,30 @@ fn chat_events(model: &str, content: &Content) -> Vec<Bytes> {
         json!({"role": "assistant", "content": ""}),
         Value::Null,
     )];
-    match content {
-        Content::Text(text) => {
-            for d in deltas(text) {
-                out.push(chunk(json!({"content": d}), Value::Null));
-            }
-            out.push(chunk(json!({}), json!("stop")));
-        }
-        Content::Tool(name, args) => {
-            out.push(chunk(
-                json!({"tool_calls": [{"index": 0, "id": "call_mock_1", "type": "function",
-                "function": {"name": name, "arguments": ""}}]}),
-                Value::Null,
-            ));
-            for d in deltas(&args.to_string()) {
-                out.push(chunk(
-                    json!({"tool_calls": [{"index": 0, "function": {"arguments": d}}]}),
-                    Value::Null,
-                ));
-            }
-            out.push(chunk(json!({}), json!("tool_calls")));
+    if let Some(text) = content.joined() {
+        for d in deltas(&text) {
+            out.push(chunk(json!({"content": d}), Value::Null));
         }
     }
+    for (index, (id, name, args)) in content.tools().into_iter().enumerate() {
+        out.push(chunk(
+            json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""}}]}),
+            Value::Null,
+        ));
+        for d in deltas(&args.to_string()) {
+            out.push(chunk(
+                json!({"tool_calls": [{"index": index, "function": {"arguments": d}}]}),
+                Value::Null,
+            ));
+        }
+    }
+    let finish = if content.calls() > 0 {
+        "tool_calls"
+    } else {
+        "stop"
+    };
+    out.push(chunk(json!({}), json!(finish)));
     out.push(Bytes::from_static(b"data: [DONE]\n\n"));
     out
 }
@@ -547,16 +673,33 @@ fn responses_object(model: &str, status: &str, output: Vec<Value>) -> Value {
     })
 }
 
-fn responses_item(content: &Content, status: &str) -> Value {
-    match content {
-        Content::Text(text) => {
-            json!({"type": "message", "id": "msg_mock", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]})
-        }
-        Content::Tool(name, args) => {
-            json!({"type": "function_call", "id": "fc_mock", "call_id": "call_mock_1",
-            "name": name, "arguments": args.to_string(), "status": status})
-        }
+/// The output items: one message item per text part, one function_call item per call.
+fn responses_items(content: &Content, status: &str) -> Vec<Value> {
+    let mut calls = content.tools().into_iter();
+    content
+        .0
+        .iter()
+        .enumerate()
+        .map(|(i, part)| match part {
+            Part::Text(text) => json!({"type": "message", "id": format!("msg_mock_{i}"), "status": status,
+                "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}),
+            Part::Tool(..) => {
+                let (id, name, args) = calls.next().unwrap_or_default_call();
+                json!({"type": "function_call", "id": format!("fc_mock_{i}"), "call_id": id,
+                    "name": name, "arguments": args, "status": status})
+            }
+        })
+        .collect()
+}
+
+trait DefaultCall {
+    fn unwrap_or_default_call(self) -> (String, String, String);
+}
+
+impl DefaultCall for Option<(String, &String, &Value)> {
+    fn unwrap_or_default_call(self) -> (String, String, String) {
+        self.map(|(id, name, args)| (id, name.clone(), args.to_string()))
+            .unwrap_or_default()
     }
 }
 
@@ -577,78 +720,91 @@ fn responses_events(model: &str, content: &Content) -> Vec<Bytes> {
         &mut out,
         json!({"type": "response.in_progress", "response": responses_object(model, "in_progress", vec![])}),
     );
-    match content {
-        Content::Text(text) => {
-            let mut item = responses_item(content, "in_progress");
-            item["content"] = json!([]);
+    let done = responses_items(content, "completed");
+    for (index, item) in done.iter().enumerate() {
+        let id = item["id"].clone();
+        if item["type"] == "message" {
+            let text = item["content"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let mut added = item.clone();
+            added["status"] = json!("in_progress");
+            added["content"] = json!([]);
             push(
                 &mut out,
-                json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+                json!({"type": "response.output_item.added", "output_index": index, "item": added}),
             );
             push(
                 &mut out,
-                json!({"type": "response.content_part.added", "item_id": "msg_mock", "output_index": 0,
+                json!({"type": "response.content_part.added", "item_id": id, "output_index": index,
                 "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
             );
-            for d in deltas(text) {
+            for d in deltas(&text) {
                 push(
                     &mut out,
-                    json!({"type": "response.output_text.delta", "item_id": "msg_mock", "output_index": 0,
+                    json!({"type": "response.output_text.delta", "item_id": id, "output_index": index,
                     "content_index": 0, "delta": d, "logprobs": []}),
                 );
             }
             push(
                 &mut out,
-                json!({"type": "response.output_text.done", "item_id": "msg_mock", "output_index": 0,
+                json!({"type": "response.output_text.done", "item_id": id, "output_index": index,
                 "content_index": 0, "text": text, "logprobs": []}),
             );
             push(
                 &mut out,
-                json!({"type": "response.content_part.done", "item_id": "msg_mock", "output_index": 0,
+                json!({"type": "response.content_part.done", "item_id": id, "output_index": index,
                 "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}}),
             );
-        }
-        Content::Tool(_, args) => {
-            let mut item = responses_item(content, "in_progress");
-            item["arguments"] = json!("");
+        } else {
+            let args = item["arguments"].as_str().unwrap_or("").to_string();
+            let mut added = item.clone();
+            added["status"] = json!("in_progress");
+            added["arguments"] = json!("");
             push(
                 &mut out,
-                json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+                json!({"type": "response.output_item.added", "output_index": index, "item": added}),
             );
-            for d in deltas(&args.to_string()) {
+            for d in deltas(&args) {
                 push(
                     &mut out,
-                    json!({"type": "response.function_call_arguments.delta", "item_id": "fc_mock",
-                    "output_index": 0, "delta": d}),
+                    json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                    "output_index": index, "delta": d}),
                 );
             }
             push(
                 &mut out,
-                json!({"type": "response.function_call_arguments.done", "item_id": "fc_mock",
-                "output_index": 0, "arguments": args.to_string()}),
+                json!({"type": "response.function_call_arguments.done", "item_id": id,
+                "output_index": index, "arguments": args}),
             );
         }
+        push(
+            &mut out,
+            json!({"type": "response.output_item.done", "output_index": index, "item": item}),
+        );
     }
     push(
         &mut out,
-        json!({"type": "response.output_item.done", "output_index": 0, "item": responses_item(content, "completed")}),
-    );
-    push(
-        &mut out,
-        json!({"type": "response.completed",
-        "response": responses_object(model, "completed", vec![responses_item(content, "completed")])}),
+        json!({"type": "response.completed", "response": responses_object(model, "completed", done)}),
     );
     out
 }
 
-fn anthropic_block(content: &Content, whole: bool) -> Value {
-    match content {
-        Content::Text(text) => {
-            json!({"type": "text", "text": if whole { text.as_str() } else { "" }})
-        }
-        Content::Tool(name, args) => json!({"type": "tool_use", "id": "toolu_mock_1", "name": name,
-            "input": if whole { args.clone() } else { json!({}) }}),
-    }
+fn anthropic_blocks(content: &Content) -> Vec<Value> {
+    let mut calls = content.tools().into_iter();
+    content
+        .0
+        .iter()
+        .map(|part| match part {
+            Part::Text(text) => json!({"type": "text", "text": text}),
+            Part::Tool(..) => {
+                let (id, name, args) = calls.next().unwrap_or_default_call();
+                json!({"type": "tool_use", "id": id.replace("call_", "toolu_"), "name": name,
+                    "input": serde_json::from_str::<Value>(&args).unwrap_or_default()})
+            }
+        })
+        .collect()
 }
 
 fn anthropic_events(model: &str, content: &Content) -> Vec<Bytes> {
@@ -659,27 +815,35 @@ fn anthropic_events(model: &str, content: &Content) -> Vec<Bytes> {
             "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": 10, "output_tokens": 1}}}),
         ),
-        ev(
-            json!({"type": "content_block_start", "index": 0, "content_block": anthropic_block(content, false)}),
-        ),
         ev(json!({"type": "ping"})),
     ];
-    let stop = match content {
-        Content::Text(text) => {
-            for d in deltas(text) {
-                out.push(ev(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}})));
-            }
-            "end_turn"
+    for (index, block) in anthropic_blocks(content).into_iter().enumerate() {
+        let mut start = block.clone();
+        if block["type"] == "text" {
+            start["text"] = json!("");
+        } else {
+            start["input"] = json!({});
         }
-        Content::Tool(_, args) => {
-            for d in deltas(&args.to_string()) {
-                out.push(ev(json!({"type": "content_block_delta", "index": 0,
+        out.push(ev(
+            json!({"type": "content_block_start", "index": index, "content_block": start}),
+        ));
+        if block["type"] == "text" {
+            for d in deltas(block["text"].as_str().unwrap_or("")) {
+                out.push(ev(json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": d}})));
+            }
+        } else {
+            for d in deltas(&block["input"].to_string()) {
+                out.push(ev(json!({"type": "content_block_delta", "index": index,
                     "delta": {"type": "input_json_delta", "partial_json": d}})));
             }
-            "tool_use"
         }
+        out.push(ev(json!({"type": "content_block_stop", "index": index})));
+    }
+    let stop = if content.calls() > 0 {
+        "tool_use"
+    } else {
+        "end_turn"
     };
-    out.push(ev(json!({"type": "content_block_stop", "index": 0})));
     out.push(ev(
         json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
         "usage": {"output_tokens": 5}}),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[allow(unused_imports)] // not every test file scripts replies
-pub use mock::{MockUpstream, Reply};
+pub use mock::{MockUpstream, Part, Reply};
 
 /// A running `sluice serve`. Dropping it kills the process.
 pub struct Sluice {

@@ -1,0 +1,409 @@
+//! Continue through the gateway (SPEC section 6): the read tool sluice offers the model, answers
+//! itself, and hides from the client.
+//!
+//! - [`request`]: edits to the request body (add the tool, append a round, force an answer).
+//! - [`reply`]: one round's output read from a response, and the client's merged response.
+//! - [`stream`]: the same for event streams, stitched into one client stream.
+//! - here: the tool's definition and name, answering calls, and the links that splice hidden
+//!   rounds back into later requests (C3).
+
+pub mod reply;
+pub mod request;
+pub mod stream;
+
+use serde_json::{json, Value};
+
+use crate::attach::state::{Record, SessionState, Status};
+use crate::config::Lifetime;
+use crate::dialect::Dialect;
+use crate::exit::cursor::{Cursor, CursorError};
+use crate::exit::notice;
+use crate::exit::text::Lines;
+use crate::projection::{Edit, Span};
+use crate::store::{ArtifactId, ArtifactKind};
+use crate::tenant::Tenant;
+
+pub use request::Shape;
+
+const DESCRIPTION: &str = "Read on in a long tool result that was shortened. Its notice ends \
+with a call hint such as {\"cursor\":\"...\"}: pass that cursor to get the next page. Each page \
+ends with the cursor of the page after it, until the end.";
+
+/// The read tool's name for a request: the route's name, with a suffix if the client's own
+/// tools already use it.
+pub fn tool_name(base: &str, taken: &[String]) -> String {
+    if !taken.iter().any(|t| t == base) {
+        return base.to_string();
+    }
+    (2..)
+        .map(|n| format!("{base}_{n}"))
+        .find(|name| !taken.contains(name))
+        .unwrap_or_else(|| base.to_string())
+}
+
+/// The tool's definition in the dialect's shape. Always the same bytes for the same name, so
+/// tool definitions never change mid-session (prompt caches depend on it).
+pub fn definition(dialect: Dialect, name: &str) -> String {
+    let parameters = json!({
+        "type": "object",
+        "properties": {"cursor": {"type": "string", "description": "The cursor from a notice or from the previous page."}},
+        "required": ["cursor"],
+        "additionalProperties": false
+    });
+    let value = match dialect {
+        Dialect::OpenAiChat => json!({"type": "function", "function": {
+            "name": name, "description": DESCRIPTION, "parameters": parameters}}),
+        Dialect::OpenAiResponses => json!({"type": "function", "name": name,
+            "description": DESCRIPTION, "parameters": parameters}),
+        Dialect::AnthropicMessages => json!({"name": name, "description": DESCRIPTION,
+            "input_schema": parameters}),
+    };
+    value.to_string()
+}
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// `id` (chat, Anthropic) or `call_id` (Responses).
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON (parsed from the string form where the dialect sends one).
+    pub arguments: Value,
+}
+
+/// What a read call asks for: the page at a cursor, or an error the model can read.
+pub enum Request {
+    Page(Cursor),
+    Invalid(String),
+}
+
+/// Reads a read call's arguments against `tenant` (a cursor of another tenant is refused the
+/// same way as a malformed one: the model learns nothing about other tenants' data).
+pub fn parse_call(call: &Call, tenant: &Tenant) -> Request {
+    let Some(cursor) = call.arguments.get("cursor").and_then(Value::as_str) else {
+        return Request::Invalid(
+            "sluice_read needs {\"cursor\":\"...\"}, copied from a notice or a page.".to_string(),
+        );
+    };
+    match Cursor::decode(cursor.trim(), tenant) {
+        Ok(cursor) => Request::Page(cursor),
+        Err(CursorError::Malformed | CursorError::Foreign) => Request::Invalid(format!(
+            "[sluice: the cursor {:?} is not valid; copy it exactly from the notice]",
+            cursor.chars().take(80).collect::<String>()
+        )),
+    }
+}
+
+/// The page a cursor reads, as the model sees it (the same text as `GET /v1/sluice/read`).
+pub fn page(text: &str, cursor: &Cursor, tenant: &Tenant, read_tool: &str) -> String {
+    notice::render(
+        &Lines::new(text),
+        &cursor.artifact,
+        tenant,
+        cursor.at,
+        cursor.budget,
+        read_tool,
+    )
+    .text
+}
+
+/// Adds up two `usage` objects field by field (numbers are summed, nested objects merged).
+pub fn add_usage(total: &mut Value, more: &Value) {
+    match (total, more) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                match a.get_mut(k) {
+                    Some(existing) => add_usage(existing, v),
+                    None => {
+                        a.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (Value::Number(a), Value::Number(b)) => {
+            if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
+                *a = (x + y).into();
+            } else if let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) {
+                if let Some(n) = serde_json::Number::from_f64(x + y) {
+                    *a = n;
+                }
+            }
+        }
+        (a, b) if a.is_null() => *a = b.clone(),
+        _ => {}
+    }
+}
+
+/// What the client's history must show in place of the message(s) it received, so the model
+/// sees the rounds it actually had (C3), and where that is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// Fingerprint of the item before the received message(s) and of their visible content.
+    pub fingerprint: u128,
+    /// How many history items the client holds for what it received.
+    pub items: usize,
+    /// The artifact holding the replacement items and the blocks to put first in the next
+    /// message (Anthropic mixed calls).
+    pub artifact: ArtifactId,
+}
+
+const LINK_PREFIX: &str = "read:";
+
+impl Link {
+    /// The artifact bytes: replacement items, NUL (never raw in JSON), next-message prefix.
+    pub fn content(replacement: &str, next_prefix: &str) -> Vec<u8> {
+        format!("{replacement}\0{next_prefix}").into_bytes()
+    }
+
+    pub fn artifact_for(tenant: &Tenant, content: &[u8]) -> ArtifactId {
+        ArtifactId::for_content(tenant, ArtifactKind::Text, content)
+    }
+
+    /// The delivery-state record that stores the link. It rides in the session's record map as
+    /// a released record: every backend stores and merges it unchanged, and the attachment state
+    /// machine never acts on released records it has no candidate for.
+    pub fn record(&self) -> (String, Record) {
+        (
+            format!(
+                "{LINK_PREFIX}{:032x}:{}:{}",
+                self.fingerprint, self.items, self.artifact
+            ),
+            Record {
+                status: Status::Released,
+                lifetime: Lifetime::Retain,
+            },
+        )
+    }
+
+    /// The links a session holds.
+    pub fn all(state: &SessionState) -> Vec<Link> {
+        state
+            .records
+            .keys()
+            .filter_map(|k| k.strip_prefix(LINK_PREFIX))
+            .filter_map(|rest| {
+                let mut parts = rest.splitn(3, ':');
+                Some(Link {
+                    fingerprint: u128::from_str_radix(parts.next()?, 16).ok()?,
+                    items: parts.next()?.parse().ok().filter(|n| *n > 0)?,
+                    artifact: ArtifactId::parse(parts.next()?)?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The text and tool-call ids of one history item, as they survive the client's round trip
+/// (whatever else the client re-serialises differently), appended to `out`.
+pub fn visible(item: &Value, out: &mut String) {
+    fn text(out: &mut String, s: &str) {
+        out.push_str(s);
+        out.push('\u{1}');
+    }
+    for key in ["role", "tool_call_id", "tool_use_id", "call_id", "id"] {
+        // `id` of a message item is the provider's and not echoed by every client: only the
+        // ids of calls count.
+        if key == "id" && !matches!(item["type"].as_str(), Some("tool_use")) {
+            continue;
+        }
+        if let Some(s) = item[key].as_str() {
+            text(out, s);
+        }
+    }
+    for key in ["content", "output", "text"] {
+        match &item[key] {
+            Value::String(s) => text(out, s),
+            Value::Array(parts) => {
+                for part in parts {
+                    match part["type"].as_str() {
+                        Some("thinking" | "redacted_thinking" | "reasoning") => {}
+                        _ => visible(part, out),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(calls) = item["tool_calls"].as_array() {
+        for call in calls {
+            if let Some(id) = call["id"].as_str() {
+                text(out, id);
+            }
+        }
+    }
+}
+
+/// The fingerprint of `items` following `before` in a history.
+pub fn fingerprint(before: Option<&Value>, items: &[Value]) -> u128 {
+    let mut text = String::new();
+    if let Some(before) = before {
+        visible(before, &mut text);
+    }
+    text.push('\u{2}');
+    for item in items {
+        visible(item, &mut text);
+        text.push('\u{3}');
+    }
+    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
+}
+
+/// Whether a history item is one the model produced (where a link can start).
+fn is_model_item(item: &Value) -> bool {
+    item["role"] == "assistant" || item["type"] == "function_call" || item["type"] == "reasoning"
+}
+
+/// The edits that put each linked round back at its place in `shape`'s history (C3):
+/// `contents` gives each link's artifact content. Items are parsed only where a link could start.
+pub fn splices(shape: &Shape<'_>, body: &str, links: &[(Link, Vec<u8>)]) -> Vec<Edit> {
+    let Some((_, history)) = &shape.history else {
+        return Vec::new();
+    };
+    let parsed: Vec<Option<Value>> = history
+        .iter()
+        .map(|raw| serde_json::from_str(raw.get()).ok())
+        .collect();
+    let mut edits = Vec::new();
+    let mut taken_until = 0;
+    for start in 0..history.len() {
+        if start < taken_until || !parsed[start].as_ref().is_some_and(is_model_item) {
+            continue;
+        }
+        let before = start.checked_sub(1).and_then(|i| parsed[i].as_ref());
+        for (link, content) in links {
+            let end = start + link.items;
+            if end > history.len() {
+                continue;
+            }
+            let items: Option<Vec<Value>> = parsed[start..end].iter().cloned().collect();
+            let Some(items) = items else { continue };
+            if fingerprint(before, &items) != link.fingerprint {
+                continue;
+            }
+            let Some(zero) = content.iter().position(|b| *b == 0) else {
+                continue;
+            };
+            let (Ok(replacement), Ok(prefix)) = (
+                std::str::from_utf8(&content[..zero]),
+                std::str::from_utf8(&content[zero + 1..]),
+            ) else {
+                continue;
+            };
+            let first = crate::dialect::span_of(body, history[start]);
+            let last = crate::dialect::span_of(body, history[end - 1]);
+            edits.push(Edit {
+                span: Span {
+                    start: first.start,
+                    end: last.end,
+                },
+                with: replacement.to_string().into(),
+            });
+            if !prefix.is_empty() {
+                if let Some(edit) = history
+                    .get(end)
+                    .and_then(|next| prefix_content(body, next, prefix))
+                {
+                    edits.push(edit);
+                }
+            }
+            taken_until = end;
+            break;
+        }
+    }
+    edits
+}
+
+/// Puts `prefix` (blocks joined by commas) first in a message's `content`.
+fn prefix_content(body: &str, message: &serde_json::value::RawValue, prefix: &str) -> Option<Edit> {
+    #[derive(serde::Deserialize)]
+    struct Content<'a> {
+        #[serde(borrow)]
+        content: Option<&'a serde_json::value::RawValue>,
+    }
+    let content = serde_json::from_str::<Content>(message.get())
+        .ok()?
+        .content?;
+    let span = crate::dialect::span_of(body, content);
+    let raw = content.get();
+    Some(if raw.starts_with('"') {
+        Edit {
+            span,
+            with: format!(r#"[{prefix},{{"type":"text","text":{raw}}}]"#).into(),
+        }
+    } else if raw.trim_start_matches('[').trim_start().starts_with(']') {
+        Edit {
+            span,
+            with: format!("[{prefix}]").into(),
+        }
+    } else {
+        Edit {
+            span: Span {
+                start: span.start + 1,
+                end: span.start + 1,
+            },
+            with: format!("{prefix},").into(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_taken_name_gets_a_suffix() {
+        assert_eq!(tool_name("sluice_read", &[]), "sluice_read");
+        let taken = vec!["sluice_read".to_string(), "sluice_read_2".to_string()];
+        assert_eq!(tool_name("sluice_read", &taken), "sluice_read_3");
+    }
+
+    #[test]
+    fn usage_adds_up_nested_fields() {
+        let mut total = json!({"input_tokens": 10, "output_tokens": 2, "details": {"cached": 1}});
+        add_usage(
+            &mut total,
+            &json!({"input_tokens": 5, "output_tokens": 3, "details": {"cached": 4}, "new": 1}),
+        );
+        assert_eq!(
+            total,
+            json!({"input_tokens": 15, "output_tokens": 5, "details": {"cached": 5}, "new": 1})
+        );
+    }
+
+    #[test]
+    fn fingerprints_ignore_serialisation_and_thinking_but_not_text() {
+        let a = json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "x", "signature": "s"},
+            {"type": "text", "text": "answer"}]});
+        let b: Value = serde_json::from_str(
+            r#"{ "content" : [ {"type":"text","text":"answer","citations":null} ], "role":"assistant" }"#,
+        )
+        .unwrap();
+        let before = json!({"role": "user", "content": "q"});
+        assert_eq!(
+            fingerprint(Some(&before), std::slice::from_ref(&a)),
+            fingerprint(Some(&before), &[b])
+        );
+        let c = json!({"role": "assistant", "content": "answer!"});
+        assert_ne!(
+            fingerprint(Some(&before), std::slice::from_ref(&a)),
+            fingerprint(Some(&before), &[c])
+        );
+    }
+
+    #[test]
+    fn links_round_trip_through_records() {
+        let t = Tenant::from_credential(b"k");
+        let content = Link::content("[1]", "");
+        let link = Link {
+            fingerprint: 0xabc,
+            items: 2,
+            artifact: Link::artifact_for(&t, &content),
+        };
+        let (key, record) = link.record();
+        let state = SessionState {
+            records: BTreeMap::from([(key, record), ("other#0#x".to_string(), record)]),
+        };
+        assert_eq!(Link::all(&state), vec![link]);
+    }
+}

@@ -1,0 +1,686 @@
+//! Streamed rounds stitched into one client stream (C2). Text and other tools' events pass at
+//! once; a read call's own events are held back; the round's closing events are held until
+//! sluice knows whether another round follows. Later rounds continue the same client stream:
+//! their opening events are dropped and block indices, output indices, chunk ids and sequence
+//! numbers continue where the client's stream stands, so its SDK sees one well-formed message.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{json, Value};
+
+use super::reply::{self, Output};
+use super::Call;
+use crate::dialect::Dialect;
+
+/// Longest event sluice buffers while looking for its end (an event is a few kilobytes; a
+/// longer one ends the stitched stream as a failure rather than grow without bound).
+const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Default)]
+struct Round {
+    /// chat: text so far; tool calls by upstream index (id, name, arguments).
+    text: Option<String>,
+    chat_calls: BTreeMap<u64, (String, String, String)>,
+    /// Anthropic: blocks by upstream index, with their partial tool input.
+    blocks: BTreeMap<u64, (Value, String)>,
+    /// Responses: finished items by upstream output index.
+    items: BTreeMap<u64, Value>,
+    /// Upstream index → client index; `None` for a read call, held back.
+    map: HashMap<u64, Option<u64>>,
+    usage: Option<Value>,
+    /// The round's closing events, held back: (event name, data).
+    closing: Vec<(Option<String>, Value)>,
+    /// The closing event arrived (the round completed).
+    complete: bool,
+}
+
+/// Stitches the rounds of one streamed request into the client's stream.
+#[derive(Debug)]
+pub struct Stitcher {
+    dialect: Dialect,
+    read: String,
+    buf: Vec<u8>,
+    round_no: usize,
+    round: Round,
+    /// Next client index for a block (Anthropic), output item (Responses) or tool call (chat).
+    next_index: u64,
+    /// Next Responses sequence number.
+    seq: u64,
+    /// The first round's chunk id (chat), so every chunk carries one id.
+    first_id: Option<String>,
+    failed: bool,
+}
+
+impl Stitcher {
+    pub fn new(dialect: Dialect, read: &str) -> Self {
+        Self {
+            dialect,
+            read: read.to_string(),
+            buf: Vec::new(),
+            round_no: 0,
+            round: Round::default(),
+            next_index: 0,
+            seq: 0,
+            first_id: None,
+            failed: false,
+        }
+    }
+
+    /// Feeds upstream bytes of the current round; returns what the client gets now.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        if self.failed {
+            return out;
+        }
+        self.buf.extend_from_slice(bytes);
+        while let Some((end, sep)) = event_end(&self.buf) {
+            let block: Vec<u8> = self.buf.drain(..end + sep).collect();
+            self.event(&block[..end], &mut out);
+        }
+        if self.buf.len() > MAX_EVENT_BYTES {
+            self.failed = true;
+            self.buf.clear();
+        }
+        out
+    }
+
+    /// Whether the current round ended with its closing event.
+    pub fn round_complete(&self) -> bool {
+        self.round.complete && !self.failed
+    }
+
+    /// The current round's output.
+    pub fn output(&self) -> Output {
+        let r = &self.round;
+        match self.dialect {
+            Dialect::OpenAiChat => {
+                let calls: Vec<Value> = r
+                    .chat_calls
+                    .values()
+                    .map(|(id, name, args)| {
+                        json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+                    })
+                    .collect();
+                let content = r.text.clone().map_or(Value::Null, Value::String);
+                Output {
+                    items: vec![reply::chat_message(&content, &calls)],
+                    calls: r
+                        .chat_calls
+                        .values()
+                        .map(|(id, name, args)| Call {
+                            id: id.clone(),
+                            name: name.clone(),
+                            arguments: serde_json::from_str(args).unwrap_or(Value::Null),
+                        })
+                        .collect(),
+                    usage: r.usage.clone(),
+                }
+            }
+            Dialect::AnthropicMessages => {
+                let content: Vec<Value> = r.blocks.values().map(|(b, _)| b.clone()).collect();
+                Output {
+                    calls: reply::anthropic_calls(&content),
+                    items: vec![json!({"role": "assistant", "content": content})],
+                    usage: r.usage.clone(),
+                }
+            }
+            Dialect::OpenAiResponses => {
+                let completed = r
+                    .closing
+                    .iter()
+                    .find(|(_, d)| d["type"] == "response.completed")
+                    .map(|(_, d)| &d["response"]);
+                let items: Vec<Value> = match completed.and_then(|c| c["output"].as_array()) {
+                    Some(output) if !output.is_empty() => output.clone(),
+                    _ => r.items.values().cloned().collect(),
+                };
+                Output {
+                    calls: reply::responses_calls(&items),
+                    items,
+                    usage: completed
+                        .and_then(|c| c.get("usage").cloned())
+                        .or_else(|| r.usage.clone()),
+                }
+            }
+        }
+    }
+
+    /// Starts the next round: its events continue the client's stream.
+    pub fn next_round(&mut self) {
+        self.round = Round::default();
+        self.round_no += 1;
+        self.buf.clear();
+    }
+
+    /// The held closing events of the last round, with the usage of all `rounds` and (for
+    /// Responses) the output of all rounds the client sees.
+    pub fn finish(&mut self, rounds: &[Output]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let total = reply::total_usage(rounds);
+        for (name, mut data) in std::mem::take(&mut self.round.closing) {
+            match self.dialect {
+                Dialect::OpenAiChat => {
+                    if data.is_null() {
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                        continue;
+                    }
+                    if data.get("usage").is_some_and(|u| !u.is_null()) {
+                        if let Some(total) = &total {
+                            data["usage"] = total.clone();
+                        }
+                    }
+                    self.chat_id(&mut data);
+                }
+                Dialect::AnthropicMessages => {
+                    if data["type"] == "message_delta" {
+                        if let Some(total) = &total {
+                            data["usage"] = total.clone();
+                        }
+                    }
+                }
+                Dialect::OpenAiResponses => {
+                    if data["type"] == "response.completed" {
+                        data["response"]["output"] =
+                            Value::Array(reply::visible(self.dialect, rounds, &self.read));
+                        if let Some(total) = &total {
+                            data["response"]["usage"] = total.clone();
+                        }
+                    }
+                    data["sequence_number"] = self.seq.into();
+                    self.seq += 1;
+                }
+            }
+            emit(&mut out, name.as_deref(), &data);
+        }
+        out
+    }
+
+    /// An error event in the dialect's shape, ending the client's stream when a later round
+    /// failed (the client's SDK raises it as an API error).
+    pub fn error(&mut self, message: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self.dialect {
+            Dialect::OpenAiChat => emit(
+                &mut out,
+                None,
+                &json!({"error": {"message": message, "type": "api_error", "param": null, "code": "upstream_error"}}),
+            ),
+            Dialect::AnthropicMessages => emit(
+                &mut out,
+                Some("error"),
+                &json!({"type": "error", "error": {"type": "api_error", "message": message}}),
+            ),
+            Dialect::OpenAiResponses => {
+                let event = json!({"type": "error", "code": "upstream_error", "message": message,
+                    "param": null, "sequence_number": self.seq});
+                self.seq += 1;
+                emit(&mut out, Some("error"), &event);
+            }
+        }
+        out
+    }
+
+    fn chat_id(&mut self, data: &mut Value) {
+        match &self.first_id {
+            Some(id) => data["id"] = Value::String(id.clone()),
+            None => self.first_id = data["id"].as_str().map(str::to_string),
+        }
+    }
+
+    fn event(&mut self, block: &[u8], out: &mut Vec<u8>) {
+        let text = String::from_utf8_lossy(block);
+        let mut name = None;
+        let mut data = String::new();
+        for line in text.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("data:") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        if data.is_empty() {
+            // Comments and keep-alives pass as they are.
+            out.extend_from_slice(block);
+            out.extend_from_slice(b"\n\n");
+            return;
+        }
+        if self.dialect == Dialect::OpenAiChat && data.trim() == "[DONE]" {
+            self.round.closing.push((None, Value::Null));
+            self.round.complete = true;
+            return;
+        }
+        let Ok(value) = serde_json::from_str::<Value>(&data) else {
+            out.extend_from_slice(block);
+            out.extend_from_slice(b"\n\n");
+            return;
+        };
+        let forward = match self.dialect {
+            Dialect::OpenAiChat => self.chat(value),
+            Dialect::AnthropicMessages => self.anthropic(value),
+            Dialect::OpenAiResponses => self.responses(value),
+        };
+        if let Some(mut value) = forward {
+            if self.dialect == Dialect::OpenAiResponses {
+                value["sequence_number"] = self.seq.into();
+                self.seq += 1;
+            }
+            emit(out, name.as_deref(), &value);
+        }
+    }
+
+    /// Client index for upstream `index`, deciding at its first sight whether it is held.
+    fn index(&mut self, index: u64, read: bool) -> Option<u64> {
+        if let Some(known) = self.round.map.get(&index) {
+            return *known;
+        }
+        let client = (!read).then(|| {
+            let i = self.next_index;
+            self.next_index += 1;
+            i
+        });
+        self.round.map.insert(index, client);
+        client
+    }
+
+    fn chat(&mut self, mut chunk: Value) -> Option<Value> {
+        if chunk.get("usage").is_some_and(|u| !u.is_null()) {
+            self.round.usage = chunk.get("usage").cloned();
+        }
+        let choices = chunk["choices"].as_array().cloned().unwrap_or_default();
+        let Some(choice) = choices.first() else {
+            // The usage chunk closes the round.
+            self.round.closing.push((None, chunk));
+            return None;
+        };
+        let mut delta = choice["delta"].clone();
+        if let Some(t) = delta["content"].as_str() {
+            self.round.text.get_or_insert_with(String::new).push_str(t);
+        }
+        if let Some(calls) = delta["tool_calls"].as_array().cloned() {
+            let mut shown = Vec::new();
+            for mut call in calls {
+                let index = call["index"].as_u64().unwrap_or(0);
+                let name = call["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let entry = self.round.chat_calls.entry(index).or_default();
+                if let Some(id) = call["id"].as_str() {
+                    entry.0 = id.to_string();
+                }
+                entry.1.push_str(&name);
+                if let Some(args) = call["function"]["arguments"].as_str() {
+                    entry.2.push_str(args);
+                }
+                let is_read = entry.1 == self.read;
+                if let Some(client) = self.index(index, is_read) {
+                    call["index"] = client.into();
+                    shown.push(call);
+                }
+            }
+            if shown.is_empty() {
+                if let Some(d) = delta.as_object_mut() {
+                    d.remove("tool_calls");
+                }
+            } else {
+                delta["tool_calls"] = Value::Array(shown);
+            }
+        }
+        let removed =
+            delta.get("tool_calls").is_none() && choice["delta"].get("tool_calls").is_some();
+        chunk["choices"][0]["delta"] = delta.clone();
+        if !choice["finish_reason"].is_null() {
+            self.round.closing.push((None, chunk));
+            return None;
+        }
+        let empty = delta.as_object().is_none_or(|d| {
+            d.iter()
+                .all(|(k, v)| v.is_null() || v == "" || (k == "role" && self.round_no > 0))
+        });
+        // A chunk that only carried a read call, or a later round's opening chunk, is dropped.
+        if empty && (removed || self.round_no > 0) {
+            return None;
+        }
+        self.chat_id(&mut chunk);
+        Some(chunk)
+    }
+
+    fn anthropic(&mut self, mut event: Value) -> Option<Value> {
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "message_start" => {
+                self.round.usage = event["message"].get("usage").cloned();
+                (self.round_no == 0).then_some(event)
+            }
+            "content_block_start" => {
+                let index = event["index"].as_u64().unwrap_or(0);
+                let block = event["content_block"].clone();
+                let is_read = block["type"] == "tool_use" && block["name"] == self.read.as_str();
+                self.round.blocks.insert(index, (block, String::new()));
+                let client = self.index(index, is_read)?;
+                event["index"] = client.into();
+                Some(event)
+            }
+            "content_block_delta" => {
+                let index = event["index"].as_u64().unwrap_or(0);
+                if let Some((block, partial)) = self.round.blocks.get_mut(&index) {
+                    apply_delta(block, partial, &event["delta"]);
+                }
+                let client = self.index(index, false)?;
+                event["index"] = client.into();
+                Some(event)
+            }
+            "content_block_stop" => {
+                let index = event["index"].as_u64().unwrap_or(0);
+                if let Some((block, partial)) = self.round.blocks.get_mut(&index) {
+                    if block["type"] == "tool_use" {
+                        block["input"] = if partial.trim().is_empty() {
+                            block.get("input").cloned().unwrap_or_else(|| json!({}))
+                        } else {
+                            serde_json::from_str(partial).unwrap_or_else(|_| json!({}))
+                        };
+                    }
+                }
+                let client = self.index(index, false)?;
+                event["index"] = client.into();
+                Some(event)
+            }
+            "message_delta" => {
+                if let Some(usage) = event.get("usage") {
+                    let mut total = self.round.usage.clone().unwrap_or_else(|| json!({}));
+                    // message_delta's counts are cumulative for the message: they replace.
+                    if let (Some(t), Some(u)) = (total.as_object_mut(), usage.as_object()) {
+                        for (k, v) in u {
+                            if !v.is_null() {
+                                t.insert(k.clone(), v.clone());
+                            }
+                        }
+                    }
+                    self.round.usage = Some(total);
+                }
+                self.round.closing.push((Some(kind), event));
+                None
+            }
+            "message_stop" => {
+                self.round.closing.push((Some(kind), event));
+                self.round.complete = true;
+                None
+            }
+            _ => Some(event),
+        }
+    }
+
+    fn responses(&mut self, mut event: Value) -> Option<Value> {
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "response.created" | "response.in_progress" | "response.queued" => {
+                (self.round_no == 0).then_some(event)
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                self.round.usage = event["response"].get("usage").cloned();
+                self.round.complete = kind == "response.completed";
+                self.round.closing.push((Some(kind), event));
+                None
+            }
+            _ => {
+                let Some(index) = event["output_index"].as_u64() else {
+                    return Some(event);
+                };
+                if kind == "response.output_item.done" {
+                    self.round.items.insert(index, event["item"].clone());
+                }
+                let item = &event["item"];
+                let is_read = kind == "response.output_item.added"
+                    && item["type"] == "function_call"
+                    && item["name"] == self.read.as_str();
+                let client = self.index(index, is_read)?;
+                event["output_index"] = client.into();
+                Some(event)
+            }
+        }
+    }
+}
+
+/// Applies an Anthropic content delta to the block being built, so the block that goes back to
+/// the model is exactly what it produced (thinking and signatures included).
+fn apply_delta(block: &mut Value, partial: &mut String, delta: &Value) {
+    let append = |block: &mut Value, key: &str, more: &str| {
+        let mut s = block[key].as_str().unwrap_or_default().to_string();
+        s.push_str(more);
+        block[key] = Value::String(s);
+    };
+    match delta["type"].as_str() {
+        Some("text_delta") => append(block, "text", delta["text"].as_str().unwrap_or_default()),
+        Some("thinking_delta") => append(
+            block,
+            "thinking",
+            delta["thinking"].as_str().unwrap_or_default(),
+        ),
+        Some("signature_delta") => append(
+            block,
+            "signature",
+            delta["signature"].as_str().unwrap_or_default(),
+        ),
+        Some("input_json_delta") => {
+            partial.push_str(delta["partial_json"].as_str().unwrap_or_default())
+        }
+        Some("citations_delta") => {
+            if let Some(list) = block["citations"].as_array_mut() {
+                list.push(delta["citation"].clone());
+            } else {
+                block["citations"] = json!([delta["citation"].clone()]);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The end of the first complete event in `buf` and the length of its separator.
+fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = memchr::memmem::find(buf, b"\n\n").map(|i| (i, 2));
+    let crlf = memchr::memmem::find(buf, b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+fn emit(out: &mut Vec<u8>, name: Option<&str>, data: &Value) {
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(data.to_string().as_bytes());
+    out.extend_from_slice(b"\n\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(text: &str) -> Vec<(Option<String>, Value)> {
+        text.split("\n\n")
+            .filter(|b| !b.trim().is_empty())
+            .map(|b| {
+                let name = b
+                    .lines()
+                    .find_map(|l| l.strip_prefix("event: "))
+                    .map(str::to_string);
+                let data = b.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+                (name, serde_json::from_str(data).unwrap_or(Value::Null))
+            })
+            .collect()
+    }
+
+    fn sse(events: &[(&str, Value)]) -> String {
+        events
+            .iter()
+            .map(|(n, d)| format!("event: {n}\ndata: {d}\n\n"))
+            .collect()
+    }
+
+    #[test]
+    fn anthropic_rounds_become_one_message_with_consistent_indices() {
+        let mut s = Stitcher::new(Dialect::AnthropicMessages, "sluice_read");
+        let round1 = sse(&[
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "m1", "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Reading."}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t1", "name": "sluice_read", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"cursor\":"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "\"c\"}"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 1}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 5}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ]);
+        // Fed in awkward pieces: events split across chunks.
+        let mut client = Vec::new();
+        for piece in round1.as_bytes().chunks(7) {
+            client.extend(s.feed(piece));
+        }
+        assert!(s.round_complete());
+        let first = s.output();
+        assert_eq!(first.calls[0].arguments["cursor"], "c");
+        s.next_round();
+        let round2 = sse(&[
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "m2", "usage": {"input_tokens": 20, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " Done."}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ]);
+        client.extend(s.feed(round2.as_bytes()));
+        let second = s.output();
+        client.extend(s.finish(&[first, second]));
+        let got = events(std::str::from_utf8(&client).unwrap());
+        let kinds: Vec<&str> = got
+            .iter()
+            .map(|(_, d)| d["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        let indices: Vec<u64> = got
+            .iter()
+            .filter_map(|(_, d)| d["index"].as_u64())
+            .collect();
+        assert_eq!(indices, [0, 0, 0, 1, 1, 1]);
+        let delta = &got[7].1;
+        assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+        assert_eq!(delta["usage"]["input_tokens"], 30);
+        assert_eq!(delta["usage"]["output_tokens"], 12);
+    }
+
+    #[test]
+    fn chat_read_calls_are_held_and_agent_calls_renumbered() {
+        let mut s = Stitcher::new(Dialect::OpenAiChat, "sluice_read");
+        let chunk = |delta: Value, finish: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({"id": "x", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            )
+        };
+        let mut up = String::new();
+        up += &chunk(json!({"role": "assistant", "content": "Hi"}), Value::Null);
+        up += &chunk(
+            json!({"tool_calls": [{"index": 0, "id": "r", "type": "function", "function": {"name": "sluice_read", "arguments": ""}}]}),
+            Value::Null,
+        );
+        up += &chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"cursor\":\"c\"}"}}]}),
+            Value::Null,
+        );
+        up += &chunk(
+            json!({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}),
+            Value::Null,
+        );
+        up += &chunk(json!({}), json!("tool_calls"));
+        up += "data: [DONE]\n\n";
+        let mut client = s.feed(up.as_bytes());
+        assert!(s.round_complete());
+        let out = s.output();
+        assert_eq!(out.calls.len(), 2);
+        assert_eq!(out.calls[0].arguments["cursor"], "c");
+        client.extend(s.finish(&[out]));
+        let text = String::from_utf8(client).unwrap();
+        assert!(!text.contains("sluice_read"), "{text}");
+        let chunks: Vec<Value> = text
+            .split("\n\n")
+            .filter_map(|b| b.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect();
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(calls.len(), 1, "{text}");
+        assert_eq!(calls[0]["index"], 0);
+        assert_eq!(calls[0]["function"]["name"], "bash");
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+        assert!(text.ends_with("data: [DONE]\n\n"));
+    }
+}

@@ -1,0 +1,445 @@
+//! Continue through the gateway (SPEC C2–C4): when a forwarded request offered the read tool,
+//! sluice reads the model's answer; while the model calls only the read tool, sluice answers the
+//! calls itself and asks again, and the client receives one response. Streamed answers stay
+//! streamed: the rounds are stitched into the client's one stream as they arrive.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap};
+use http::{Method, Response};
+use http_body::Frame;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::{full, App, Body, Context, InFlight};
+use crate::attach::state::Delta;
+use crate::dialect::Dialect;
+use crate::metrics::StreamOutcome;
+use crate::projection::splice;
+use crate::read::reply::{self, Output};
+use crate::read::stream::Stitcher;
+use crate::read::{self, Call, Link, Shape};
+use crate::session::{SessionKey, SessionStore};
+use crate::tenant::Tenant;
+use crate::upstream::{self, BoxError, Started};
+
+/// Largest non-streamed model response sluice reads to look for read calls.
+const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Everything a request's read rounds need.
+pub(super) struct Job {
+    pub dialect: Dialect,
+    /// The read tool's name in this request.
+    pub tool: String,
+    pub max_steps: usize,
+    pub tenant: Tenant,
+    pub method: Method,
+    pub url: reqwest::Url,
+    pub headers: HeaderMap,
+    /// The first round's forwarded body.
+    pub body: Bytes,
+    /// The client's last history item, where a link's fingerprint starts.
+    pub before: Option<Value>,
+    pub session: Option<SessionKey>,
+    pub delta: Delta,
+}
+
+/// The rounds so far: each round's output and the read results that answered it.
+#[derive(Default)]
+struct Rounds {
+    outputs: Vec<Output>,
+    answered: Vec<Vec<(String, String)>>,
+}
+
+impl Rounds {
+    /// The items the model actually saw, in place of what the client received, and the
+    /// blocks that go first in the client's next message (Anthropic, mixed calls).
+    fn hidden(&self, dialect: Dialect) -> (String, String) {
+        let mut items: Vec<String> = Vec::new();
+        let mut prefix = String::new();
+        let last = self.outputs.len().saturating_sub(1);
+        for (i, output) in self.outputs.iter().enumerate() {
+            items.extend(output.items.iter().map(Value::to_string));
+            let Some(results) = self.answered.get(i) else {
+                continue;
+            };
+            if i == last && dialect == Dialect::AnthropicMessages {
+                prefix = reply::result_blocks(results)
+                    .iter()
+                    .map(Value::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+            } else {
+                items.extend(
+                    reply::results(dialect, results)
+                        .iter()
+                        .map(Value::to_string),
+                );
+            }
+        }
+        (items.join(","), prefix)
+    }
+}
+
+impl App {
+    /// Answers the model's read calls until it answers the client (see the module doc).
+    pub(super) async fn read_rounds(
+        self: &Arc<Self>,
+        mut job: Job,
+        started: Started,
+        ctx: &Context,
+        inflight: InFlight,
+        start: Instant,
+    ) -> Response<Body> {
+        if !started.status.is_success() {
+            return self.relay(started, ctx, inflight, start, None, None);
+        }
+        job.headers.remove(header::ACCEPT_ENCODING);
+        if started.is_event_stream() {
+            return self.read_stream(job, started, ctx, inflight);
+        }
+        self.read_whole(job, started, ctx, inflight).await
+    }
+
+    /// Non-streamed rounds: the client gets the final response with every round's visible
+    /// output and the usage of all rounds.
+    async fn read_whole(
+        self: &Arc<Self>,
+        job: Job,
+        mut started: Started,
+        ctx: &Context,
+        inflight: InFlight,
+    ) -> Response<Body> {
+        let status = started.status;
+        let mut headers = upstream::response_headers(std::mem::take(&mut started.headers));
+        headers.remove(header::CONTENT_LENGTH);
+        let mut rounds = Rounds::default();
+        let mut body = job.body.clone();
+        let last = loop {
+            let bytes = match started.collect(MAX_REPLY_BYTES).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::warn!(request_id = %ctx.request_id, error = %e, "read round: upstream body failed");
+                    return self
+                        .error_response(ctx, &crate::error::GatewayError::UpstreamUnreachable);
+                }
+            };
+            let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+                // Not JSON: the client gets it as the provider sent it.
+                return respond(status, headers, bytes, inflight);
+            };
+            let output = reply::parse(job.dialect, &value);
+            let (reads, others) = owned_reads(&output, &job.tool);
+            rounds.outputs.push(output);
+            if reads.is_empty() || rounds.answered.len() >= job.max_steps {
+                break value;
+            }
+            let results = self.answer(&job.tenant, &reads, &job.tool).await;
+            rounds.answered.push(results);
+            if others {
+                break value;
+            }
+            let force = rounds.answered.len() >= job.max_steps;
+            let Some(next) = next_body(&job, &body, &rounds, force) else {
+                break value;
+            };
+            body = next;
+            started = match self.round(&job, &body).await {
+                Ok(next) if next.status.is_success() => next,
+                // A failed round: the client gets the upstream's error; nothing is committed.
+                Ok(failed) => return self.relay(failed, ctx, inflight, Instant::now(), None, None),
+                Err(e) => return self.error_response(ctx, &e),
+            };
+        };
+        self.metrics
+            .read_rounds
+            .observe(rounds.answered.len() as f64);
+        let merged = reply::merged(job.dialect, last, &rounds.outputs, &job.tool);
+        self.remember(&job, &rounds).await;
+        respond(status, headers, Bytes::from(merged.to_string()), inflight)
+    }
+
+    /// Streamed rounds, stitched into one client stream by a tracked task.
+    fn read_stream(
+        self: &Arc<Self>,
+        job: Job,
+        started: Started,
+        ctx: &Context,
+        inflight: InFlight,
+    ) -> Response<Body> {
+        let status = started.status;
+        let mut headers = upstream::response_headers(started.headers.clone());
+        headers.remove(header::CONTENT_LENGTH);
+        let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(16);
+        let app = self.clone();
+        let request_id = ctx.request_id.clone();
+        let dialect_name = ctx.dialect;
+        self.commits.spawn(async move {
+            let outcome = app.stream_rounds(&job, started, &tx).await;
+            app.metrics
+                .streams_total
+                .with_label_values(&[dialect_name, outcome.as_str()])
+                .inc();
+            tracing::debug!(
+                request_id,
+                outcome = outcome.as_str(),
+                "read rounds finished"
+            );
+            drop(inflight);
+        });
+        let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(ChannelBody(rx)));
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+    }
+
+    async fn stream_rounds(
+        self: &Arc<Self>,
+        job: &Job,
+        mut started: Started,
+        tx: &mpsc::Sender<Result<Bytes, BoxError>>,
+    ) -> StreamOutcome {
+        let mut stitch = Stitcher::new(job.dialect, &job.tool);
+        let mut rounds = Rounds::default();
+        let mut body = job.body.clone();
+        loop {
+            loop {
+                match started.next_chunk().await {
+                    Ok(Some(chunk)) => {
+                        let out = stitch.feed(&chunk);
+                        if !out.is_empty() && tx.send(Ok(out.into())).await.is_err() {
+                            return StreamOutcome::Cancelled;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "read round: upstream stream failed");
+                        let _ = tx.send(Err(e)).await;
+                        return StreamOutcome::UpstreamError;
+                    }
+                }
+            }
+            let complete = stitch.round_complete();
+            let output = stitch.output();
+            let (reads, others) = owned_reads(&output, &job.tool);
+            rounds.outputs.push(output);
+            if !complete {
+                // The provider ended the round early: the client sees a cut stream, as it
+                // would without sluice, and nothing is committed.
+                let _ = tx.send(Err("upstream stream ended early".into())).await;
+                return StreamOutcome::UpstreamError;
+            }
+            if reads.is_empty() || rounds.answered.len() >= job.max_steps {
+                break;
+            }
+            let results = self.answer(&job.tenant, &reads, &job.tool).await;
+            rounds.answered.push(results);
+            if others {
+                break;
+            }
+            let force = rounds.answered.len() >= job.max_steps;
+            let Some(next) = next_body(job, &body, &rounds, force) else {
+                break;
+            };
+            body = next;
+            match self.round(job, &body).await {
+                Ok(next) if next.status.is_success() && next.is_event_stream() => {
+                    started = next;
+                    stitch.next_round();
+                }
+                Ok(mut failed) => {
+                    let detail = failed.collect(64 * 1024).await.unwrap_or_default();
+                    let message = format!(
+                        "upstream answered {} to a read round: {}",
+                        failed.status,
+                        String::from_utf8_lossy(&detail[..detail.len().min(2000)])
+                    );
+                    let _ = tx.send(Ok(stitch.error(&message).into())).await;
+                    return StreamOutcome::UpstreamError;
+                }
+                Err(e) => {
+                    let _ = tx.send(Ok(stitch.error(&e.to_string()).into())).await;
+                    return StreamOutcome::UpstreamError;
+                }
+            }
+        }
+        self.metrics
+            .read_rounds
+            .observe(rounds.answered.len() as f64);
+        let tail = stitch.finish(&rounds.outputs);
+        if tx.send(Ok(tail.into())).await.is_err() {
+            return StreamOutcome::Cancelled;
+        }
+        self.remember(job, &rounds).await;
+        StreamOutcome::Completed
+    }
+
+    /// Sends one further round upstream.
+    async fn round(&self, job: &Job, body: &Bytes) -> Result<Started, crate::error::GatewayError> {
+        self.upstream
+            .send(
+                job.method.clone(),
+                job.url.clone(),
+                job.headers.clone(),
+                body.clone().into(),
+            )
+            .await
+    }
+
+    /// Answers read calls with their pages; every failure is an answer the model can read.
+    async fn answer(&self, tenant: &Tenant, calls: &[Call], tool: &str) -> Vec<(String, String)> {
+        let mut out = Vec::with_capacity(calls.len());
+        for call in calls {
+            let (text, outcome) = match read::parse_call(call, tenant) {
+                read::Request::Invalid(message) => (message, "bad_cursor"),
+                read::Request::Page(cursor) => {
+                    match self.artifacts.get(tenant, &cursor.artifact).await {
+                        Ok(Some(bytes)) => match std::str::from_utf8(&bytes) {
+                            Ok(text) => (read::page(text, &cursor, tenant, tool), "page"),
+                            Err(_) => (
+                                "[sluice: this artifact is not text]".to_string(),
+                                "bad_cursor",
+                            ),
+                        },
+                        Ok(None) => (
+                            format!(
+                                "[sluice: artifact://{} has expired and can no longer be read]",
+                                cursor.artifact
+                            ),
+                            "expired",
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "read tool: artifact store unavailable");
+                            (
+                                "[sluice: the artifact store is unavailable; try the same call again later]"
+                                    .to_string(),
+                                "store_error",
+                            )
+                        }
+                    }
+                }
+            };
+            self.metrics
+                .read_calls_total
+                .with_label_values(&[outcome])
+                .inc();
+            out.push((call.id.clone(), text));
+        }
+        out
+    }
+
+    /// Commits the request's delivery-state delta and, when rounds were hidden from the
+    /// client, the link that splices them back into later requests (C3). Runs only once the
+    /// client's response is complete.
+    async fn remember(&self, job: &Job, rounds: &Rounds) {
+        let Some(session) = &job.session else {
+            return;
+        };
+        let mut delta = job.delta.clone();
+        if !rounds.answered.is_empty() {
+            let shown = reply::visible(job.dialect, &rounds.outputs, &job.tool);
+            let (items, prefix) = rounds.hidden(job.dialect);
+            if !shown.is_empty() && !items.is_empty() {
+                let content = Link::content(&items, &prefix);
+                let link = Link {
+                    fingerprint: read::fingerprint(job.before.as_ref(), &shown),
+                    items: shown.len(),
+                    artifact: Link::artifact_for(&job.tenant, &content),
+                };
+                match self
+                    .artifacts
+                    .put(&job.tenant, &link.artifact, Bytes::from(content))
+                    .await
+                {
+                    Ok(()) => {
+                        let (key, record) = link.record();
+                        delta.records.insert(key, record);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot store hidden read rounds; later turns will not show them");
+                    }
+                }
+            }
+        }
+        if delta.records.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let result = self.sessions.commit(session, &delta).await;
+        self.metrics
+            .store_seconds
+            .with_label_values(&[self.sessions.backend(), "commit"])
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = match result {
+            Ok(()) => "committed",
+            Err(e) => {
+                tracing::error!(error = %e, "cannot commit delivery state");
+                "failed"
+            }
+        };
+        self.metrics
+            .commits_total
+            .with_label_values(&[outcome])
+            .inc();
+    }
+}
+
+/// The read calls of a round (owned) and whether the model called other tools too.
+fn owned_reads(output: &Output, tool: &str) -> (Vec<Call>, bool) {
+    let (reads, others) = output.read_calls(tool);
+    (reads.into_iter().cloned().collect(), others)
+}
+
+/// The next round's body: the last round's output and its read results appended; at the step
+/// limit, `tool_choice` set so the model must answer.
+fn next_body(job: &Job, body: &Bytes, rounds: &Rounds, force: bool) -> Option<Bytes> {
+    let output = rounds.outputs.last()?;
+    let results = rounds.answered.last()?;
+    let shape = Shape::read(job.dialect, body)?;
+    let items: Vec<String> = output
+        .items
+        .iter()
+        .chain(reply::results(job.dialect, results).iter())
+        .map(Value::to_string)
+        .collect();
+    let mut edits = vec![shape.append(&items.join(","))?];
+    if force {
+        edits.push(shape.force_answer(job.dialect));
+    }
+    splice(body, edits).ok()
+}
+
+fn respond(
+    status: http::StatusCode,
+    headers: HeaderMap,
+    bytes: Bytes,
+    inflight: InFlight,
+) -> Response<Body> {
+    drop(inflight);
+    let mut response = Response::new(full(bytes));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// A response body fed by the task that stitches the rounds.
+struct ChannelBody(mpsc::Receiver<Result<Bytes, BoxError>>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.get_mut()
+            .0
+            .poll_recv(cx)
+            .map(|next| next.map(|r| r.map(Frame::data)))
+    }
+}
