@@ -217,3 +217,24 @@ async fn official_sdks_see_a_once_image_exactly_once() {
         .to_string()
         .contains("shown earlier and no longer attached")));
 }
+
+/// The read tool through the official SDKs (SPEC C1-C3): three pages read, one response per
+/// request, parsed by each SDK's own stream helpers, and the next turn sees the pages read.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+async fn official_sdks_get_one_response_while_the_model_reads_on() {
+    let mock = MockUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("output.txt");
+    std::fs::write(&file, tool_output(150_000)).unwrap();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let s = &sluice;
+    let file = file.to_str().unwrap().to_string();
+    tokio::task::block_in_place(|| run_script(s, &["--read", &file]));
+    let m = sluice.metrics().await;
+    // 3 dialects x (non-streamed, streamed) x 3 pages.
+    assert_eq!(
+        metric(&m, "sluice_read_calls_total{outcome=\"page\"}"),
+        18.0
+    );
+}

@@ -254,10 +254,10 @@ async fn answer(
     };
     let content = match &reply {
         Reply::ToolCall { name, arguments } => {
-            Content(vec![Part::Tool(name.clone(), arguments.clone())])
+            Content::new(vec![Part::Tool(name.clone(), arguments.clone())])
         }
         Reply::Text(text) => Content::text(text.clone()),
-        Reply::Parts(parts) => Content(parts.clone()),
+        Reply::Parts(parts) => Content::new(parts.clone()),
         _ => Content::text("Hello from the mock.".into()),
     };
     match reply {
@@ -520,11 +520,22 @@ pub enum Part {
     Tool(String, Value),
 }
 
-struct Content(Vec<Part>);
+/// The parts, and a serial number that keeps item and call ids unique across answers, as a
+/// provider's are.
+struct Content(Vec<Part>, u64);
+
+static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Content {
+    fn new(parts: Vec<Part>) -> Self {
+        Content(
+            parts,
+            SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     fn text(text: String) -> Self {
-        Content(vec![Part::Text(text)])
+        Content::new(vec![Part::Text(text)])
     }
 
     fn calls(&self) -> usize {
@@ -556,7 +567,7 @@ impl Content {
                 Part::Text(_) => None,
             })
             .enumerate()
-            .map(|(i, (name, args))| (format!("call_mock_{}", i + 1), name, args))
+            .map(|(i, (name, args))| (format!("call_mock_{}_{}", self.1, i + 1), name, args))
             .collect()
     }
 }
@@ -681,11 +692,11 @@ fn responses_items(content: &Content, status: &str) -> Vec<Value> {
         .iter()
         .enumerate()
         .map(|(i, part)| match part {
-            Part::Text(text) => json!({"type": "message", "id": format!("msg_mock_{i}"), "status": status,
+            Part::Text(text) => json!({"type": "message", "id": format!("msg_mock_{}_{i}", content.1), "status": status,
                 "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}),
             Part::Tool(..) => {
                 let (id, name, args) = calls.next().unwrap_or_default_call();
-                json!({"type": "function_call", "id": format!("fc_mock_{i}"), "call_id": id,
+                json!({"type": "function_call", "id": format!("fc_mock_{}_{i}", content.1), "call_id": id,
                     "name": name, "arguments": args, "status": status})
             }
         })

@@ -191,18 +191,86 @@ def delivery(oa, an, image_b64):
         expect(stream.get_final_completion().choices[0].finish_reason == "stop", "delivery: chat stream completed")
 
 
+def read_on(oa, an, output):
+    """The model reads three pages through sluice's read tool, then answers (SPEC C1-C3). The
+    mock (`mock:read=3`) calls the read tool with the newest cursor until three pages were read.
+    Each SDK, streamed (its stream helpers) and not, gets one response: the text before the first
+    call and the answer. The next turn sends back what the SDK returned; sluice splices the
+    hidden rounds in, so the mock sees three pages read and answers at once."""
+    first = "mock:read=3 run the tests"
+    want = "Reading on. Read 3 pages."
+    again = "Read 3 pages."
+
+    chat = [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+    ]
+    r = oa.chat.completions.create(model="gpt-4o", messages=chat)
+    expect(r.choices[0].message.content == want and not r.choices[0].message.tool_calls, "read: chat")
+    expect(r.usage.prompt_tokens == 40, "read: chat usage summed over four rounds")
+    with oa.chat.completions.stream(model="gpt-4o", messages=chat) as stream:
+        final = stream.get_final_completion()
+    message = final.choices[0].message
+    expect(message.content == want and final.choices[0].finish_reason == "stop", "read: chat stream helper")
+    turn = chat + [message.model_dump(exclude_none=True), {"role": "user", "content": "and now?"}]
+    r = oa.chat.completions.create(model="gpt-4o", messages=turn)
+    expect(r.choices[0].message.content == again, "read: chat next turn sees the pages read")
+
+    items = [
+        {"role": "user", "content": first},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": output},
+    ]
+    r = oa.responses.create(model="gpt-5", input=items)
+    expect(r.output_text == want, "read: responses")
+    with oa.responses.stream(model="gpt-5", input=items) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_response()
+    expect(events[-1] == "response.completed" and final.output_text == want, "read: responses stream helper")
+    turn = items + [o.model_dump(exclude_none=True) for o in final.output] + [{"role": "user", "content": "and now?"}]
+    r = oa.responses.create(model="gpt-5", input=turn)
+    expect(r.output_text == again, "read: responses next turn sees the pages read")
+
+    messages = [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": output}]},
+    ]
+    m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)
+    expect("".join(b.text for b in m.content if b.type == "text") == want, "read: messages")
+    with an.messages.stream(model="claude-sonnet-4-5", max_tokens=64, messages=messages) as stream:
+        text = stream.get_final_text()
+        final = stream.get_final_message()
+    expect(text == want and final.stop_reason == "end_turn", "read: messages stream helper")
+    expect(final.usage.output_tokens == 20, "read: messages stream usage summed over four rounds")
+    turn = messages + [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
+        {"role": "user", "content": "and now?"},
+    ]
+    m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=turn)
+    expect(m.content[0].text == again, "read: messages next turn sees the pages read")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--openai-base", required=True)
     parser.add_argument("--anthropic-base", required=True)
     parser.add_argument("--text-exit", help="file holding a long tool output; run only those checks")
     parser.add_argument("--delivery", help="file holding a base64 PNG; run only the delivery checks")
+    parser.add_argument("--read", help="file holding a long tool output; run only the read-tool checks")
     args = parser.parse_args()
     oa = openai.OpenAI(base_url=args.openai_base, api_key="sk-test", max_retries=0)
     an = anthropic.Anthropic(base_url=args.anthropic_base, api_key="sk-ant-test", max_retries=0)
     if args.delivery:
         with open(args.delivery, encoding="ascii") as f:
             delivery(oa, an, f.read().strip())
+        print("all SDK checks passed")
+        return
+    if args.read:
+        with open(args.read, encoding="utf-8", newline="") as f:
+            read_on(oa, an, f.read())
         print("all SDK checks passed")
         return
     if args.text_exit:
