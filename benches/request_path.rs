@@ -5,6 +5,11 @@
 //! - `round_trip`: one request through an in-process sluice to the mock provider, against the
 //!   same request sent to the mock directly.
 //!
+//! - `first_byte`: time to the first body chunk of a streamed answer that needs no read, for a
+//!   request holding a cursor: with the read tool offered (the answer passes through the
+//!   rounds' stitcher) against the same request with the tool off (`max_read_steps = 0`, the
+//!   plain relay), and direct to the mock.
+//!
 //! Run: `cargo bench --bench request_path`. Figures are ratios to the baselines of the same run.
 
 #![allow(clippy::unwrap_used)] // benchmark code: fail loudly
@@ -181,6 +186,85 @@ fn round_trip(c: &mut Criterion) {
     let _ = runtime.block_on(serving);
 }
 
+/// A streamed chat request whose last tool result is spilled (it holds a cursor).
+fn streamed_with_cursor() -> Bytes {
+    let output: String = (0..4000)
+        .map(|i| format!("test tests::case_{i} ... ok\n"))
+        .collect();
+    Bytes::from(
+        json!({"model": "gpt-4o", "stream": true, "messages": [
+            {"role": "user", "content": "run the tests"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": output}]})
+        .to_string(),
+    )
+}
+
+fn first_byte(c: &mut Criterion) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let upstream = mock::MockUpstream::start();
+    upstream.record(false);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxies = Vec::new();
+    let mut stops = Vec::new();
+    for (name, steps) in [("sluice_read_tool", 4), ("sluice_tool_off", 0)] {
+        let mut config = Config {
+            listen: "127.0.0.1:0".into(),
+            admin_listen: "127.0.0.1:0".into(),
+            ..Config::default()
+        };
+        config.store.data_dir = dir.path().join(name);
+        for route in &mut config.routes {
+            route.upstream = upstream.base_url();
+            route.max_read_steps = steps;
+        }
+        let server = runtime.block_on(Server::bind(config)).unwrap();
+        proxies.push((name, format!("http://{}", server.proxy_addr().unwrap())));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push((
+            stop,
+            runtime.spawn(server.run(async move {
+                let _ = stopped.await;
+            })),
+        ));
+    }
+    let client = reqwest::Client::new();
+    let body = streamed_with_cursor();
+    let mut group = c.benchmark_group("first_byte");
+    let targets = [("direct", upstream.base_url())].into_iter().chain(proxies);
+    for (target, base) in targets {
+        let url = format!("{base}/v1/chat/completions");
+        group.bench_function(BenchmarkId::new(target, "streamed_with_cursor"), |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let (client, url, body) = (client.clone(), url.clone(), body.clone());
+                async move {
+                    let mut total = std::time::Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = std::time::Instant::now();
+                        let mut resp = client.post(&url).body(body.clone()).send().await.unwrap();
+                        black_box(resp.chunk().await.unwrap());
+                        total += start.elapsed();
+                        // The rest of the stream, untimed.
+                        while resp.chunk().await.unwrap().is_some() {}
+                    }
+                    total
+                }
+            })
+        });
+    }
+    group.finish();
+    for (stop, serving) in stops {
+        let _ = stop.send(());
+        let _ = runtime.block_on(serving);
+    }
+}
+
 /// A noisy (incompressible) PNG of `w`×`h`, like a busy screenshot.
 fn noisy_png(w: u32, h: u32) -> Vec<u8> {
     let img = image::RgbImage::from_fn(w, h, |x, y| {
@@ -249,5 +333,5 @@ fn images(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, view, images, round_trip);
+criterion_group!(benches, view, images, round_trip, first_byte);
 criterion_main!(benches);

@@ -66,6 +66,8 @@ pub struct RequestView<'a> {
     pub items: usize,
     pub tool_results: Vec<ToolResult<'a>>,
     pub user_images: Vec<UserImage<'a>>,
+    /// The request's `tools` as sent (where the read tool is added, C1).
+    pub tools: Option<&'a RawValue>,
     /// A conversation id the client already sends: Responses `prompt_cache_key`, Anthropic
     /// `metadata.user_id`.
     pub conversation: Option<Cow<'a, str>>,
@@ -94,6 +96,7 @@ impl<'a> RequestView<'a> {
             items: 0,
             tool_results: Vec::new(),
             user_images: Vec::new(),
+            tools: None,
             conversation: None,
             root: Vec::new(),
         }

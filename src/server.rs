@@ -661,20 +661,28 @@ impl App {
         // the client on earlier turns are spliced back in where the client's history shows
         // what it received (C3).
         let offer = route.config.max_read_steps > 0 && projection.summary.spilled > 0;
-        let mut before = None;
         if offer {
             if session.is_none() {
                 (session, state) = self
                     .load_session(&parts.headers, &tenant, &view, route, ctx)
                     .await;
             }
-            if let Some(shape) = read::Shape::read(dialect, &body) {
-                before = shape.last_item();
-                let links = self.link_contents(&tenant, &state).await;
-                if !links.is_empty() {
+            let links = self.link_contents(&tenant, &state).await;
+            if !links.is_empty() {
+                if let Some(shape) = read::Shape::read(dialect, &body) {
                     let text = std::str::from_utf8(&body).unwrap_or_default();
                     projection.edits.extend(read::splices(&shape, text, &links));
                 }
+            }
+        }
+        let mut tool = None;
+        if offer {
+            if let Some(shape) = read::Shape::of_view(&view) {
+                let name = read::tool_name(&route.config.read_tool, &shape.tool_names(dialect));
+                projection
+                    .edits
+                    .push(shape.add_tool(&read::definition(dialect, &name)));
+                tool = Some(name);
             }
         }
         let commit = session
@@ -733,19 +741,10 @@ impl App {
         for (key, value) in projection.memos {
             self.memo.insert(key, value);
         }
-        let mut forwarded = splice(&body, projection.edits).map_err(|e| {
+        let forwarded = splice(&body, projection.edits).map_err(|e| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
             GatewayError::Internal
         })?;
-        let mut tool = None;
-        if offer {
-            if let Some(shape) = read::Shape::read(dialect, &forwarded) {
-                let name = read::tool_name(&route.config.read_tool, &shape.tool_names(dialect));
-                let edit = shape.add_tool(&read::definition(dialect, &name));
-                forwarded = splice(&forwarded, vec![edit]).map_err(|_| GatewayError::Internal)?;
-                tool = Some(name);
-            }
-        }
         let url = route.url(&parts.uri);
         let headers = upstream::request_headers(parts.headers, route, ctx.family);
         let job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
@@ -757,7 +756,7 @@ impl App {
             url: url.clone(),
             headers: headers.clone(),
             body: forwarded.clone(),
-            before,
+            original: body.clone(),
             session: session.clone(),
             delta: projection.delta.clone(),
         });

@@ -15,6 +15,8 @@ struct Request<'a> {
     #[serde(borrow)]
     model: Text<'a>,
     #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Vec<Message<'a>>,
@@ -100,6 +102,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         .flatten()
         .collect();
     Ok(RequestView {
+        tools: request.tools,
         conversation: request.metadata.and_then(|m| m.user_id),
         root,
         body: body.as_bytes(),

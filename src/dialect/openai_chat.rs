@@ -15,6 +15,8 @@ struct Request<'a> {
     #[serde(borrow)]
     model: Text<'a>,
     #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Vec<Message<'a>>,
@@ -110,6 +112,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         .flatten()
         .collect();
     Ok(RequestView {
+        tools: request.tools,
         conversation: None,
         root,
         body: body.as_bytes(),

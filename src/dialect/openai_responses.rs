@@ -15,6 +15,8 @@ struct Request<'a> {
     #[serde(borrow)]
     model: Text<'a>,
     #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
     stream: Option<&'a RawValue>,
     #[serde(borrow)]
     input: Option<&'a RawValue>,
@@ -103,6 +105,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         .flatten()
         .collect();
     Ok(RequestView {
+        tools: request.tools,
         conversation: request.prompt_cache_key,
         root,
         body: body.as_bytes(),

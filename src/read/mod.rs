@@ -255,7 +255,7 @@ fn is_model_item(item: &Value) -> bool {
 /// The edits that put each linked round back at its place in `shape`'s history (C3):
 /// `contents` gives each link's artifact content. Items are parsed only where a link could start.
 pub fn splices(shape: &Shape<'_>, body: &str, links: &[(Link, Vec<u8>)]) -> Vec<Edit> {
-    let Some((_, history)) = &shape.history else {
+    let Some((_, history)) = shape.history() else {
         return Vec::new();
     };
     let parsed: Vec<Option<Value>> = history

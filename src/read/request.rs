@@ -26,8 +26,9 @@ pub struct Shape<'a> {
     body: &'a str,
     tools: Option<(Span, Vec<&'a RawValue>)>,
     tool_choice: Option<Span>,
-    /// `messages` (chat, Anthropic) or `input` (Responses), when it is an array.
-    pub history: Option<(Span, Vec<&'a RawValue>)>,
+    /// `messages` (chat, Anthropic) or `input` (Responses), when it is an array; split into
+    /// items only when asked (adding the tool needs no second pass over a long history).
+    history: Option<&'a RawValue>,
     /// A Responses `input` given as a plain string.
     string_input: Option<&'a RawValue>,
     /// Where a new top-level member goes: just before the closing brace.
@@ -52,10 +53,9 @@ impl<'a> Shape<'a> {
         let (history, string_input) = match dialect {
             Dialect::OpenAiResponses => match top.input {
                 Some(raw) if raw.get().starts_with('"') => (None, Some(raw)),
-                Some(raw) => (list(raw), None),
-                None => (None, None),
+                other => (other, None),
             },
-            _ => (top.messages.and_then(list), None),
+            _ => (top.messages, None),
         };
         Some(Shape {
             body,
@@ -68,6 +68,35 @@ impl<'a> Shape<'a> {
         })
     }
 
+    /// The shape as far as adding the tool needs it, from the view the request was read into
+    /// (no second pass over the body).
+    pub fn of_view(view: &crate::projection::RequestView<'a>) -> Option<Shape<'a>> {
+        let body = std::str::from_utf8(view.body).ok()?;
+        let end = body.trim_end().strip_suffix('}')?.len();
+        let has_members = !body[..end]
+            .trim_start()
+            .trim_start_matches('{')
+            .trim()
+            .is_empty();
+        Some(Shape {
+            body,
+            tools: view
+                .tools
+                .and_then(|raw| elements(raw).map(|e| (span_of(body, raw), e))),
+            tool_choice: None,
+            history: None,
+            string_input: None,
+            end,
+            has_members,
+        })
+    }
+
+    /// The history's items and the span of the whole list.
+    pub fn history(&self) -> Option<(Span, Vec<&'a RawValue>)> {
+        let raw = self.history?;
+        Some((span_of(self.body, raw), elements(raw)?))
+    }
+
     /// The last item of the history as JSON (a string input as the user message it is).
     pub fn last_item(&self) -> Option<serde_json::Value> {
         if let Some(raw) = self.string_input {
@@ -75,7 +104,7 @@ impl<'a> Shape<'a> {
                 serde_json::json!({"role": "user", "content": serde_json::from_str::<serde_json::Value>(raw.get()).ok()?}),
             );
         }
-        let (_, list) = self.history.as_ref()?;
+        let (_, list) = self.history()?;
         serde_json::from_str(list.last()?.get()).ok()
     }
 
@@ -141,10 +170,15 @@ impl<'a> Shape<'a> {
                 with: format!(r#"[{{"role":"user","content":{}}},{items}]"#, raw.get()).into(),
             });
         }
-        let (span, list) = self.history.as_ref()?;
-        Some(if list.is_empty() {
+        let raw = self.history?;
+        let span = span_of(self.body, raw);
+        let empty = raw.get()[1..].trim_start().starts_with(']');
+        if !raw.get().starts_with('[') {
+            return None;
+        }
+        Some(if empty {
             Edit {
-                span: *span,
+                span,
                 with: format!("[{items}]").into(),
             }
         } else {

@@ -42,8 +42,9 @@ pub(super) struct Job {
     pub headers: HeaderMap,
     /// The first round's forwarded body.
     pub body: Bytes,
-    /// The client's last history item, where a link's fingerprint starts.
-    pub before: Option<Value>,
+    /// The client's request as sent: its last history item starts a link's fingerprint (read
+    /// only when rounds were hidden, so a request the model answers at once pays nothing).
+    pub original: Bytes,
     pub session: Option<SessionKey>,
     pub delta: Delta,
 }
@@ -100,7 +101,7 @@ impl App {
         }
         job.headers.remove(header::ACCEPT_ENCODING);
         if started.is_event_stream() {
-            return self.read_stream(job, started, ctx, inflight);
+            return self.read_stream(job, started, ctx, inflight).await;
         }
         self.read_whole(job, started, ctx, inflight).await
     }
@@ -163,23 +164,30 @@ impl App {
         respond(status, headers, Bytes::from(merged.to_string()), inflight)
     }
 
-    /// Streamed rounds, stitched into one client stream by a tracked task.
-    fn read_stream(
+    /// Streamed rounds, stitched into one client stream by a tracked task. The first upstream
+    /// chunk (already in hand) is stitched here, so it leaves with the response head: a stream
+    /// that needs no read reaches the client as early as through the plain relay.
+    async fn read_stream(
         self: &Arc<Self>,
         job: Job,
-        started: Started,
+        mut started: Started,
         ctx: &Context,
         inflight: InFlight,
     ) -> Response<Body> {
         let status = started.status;
         let mut headers = upstream::response_headers(started.headers.clone());
         headers.remove(header::CONTENT_LENGTH);
+        let mut stitch = Stitcher::new(job.dialect, &job.tool);
+        let first = match started.next_chunk().await {
+            Ok(Some(chunk)) => Some(Bytes::from(stitch.feed(&chunk))),
+            _ => None,
+        };
         let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(16);
         let app = self.clone();
         let request_id = ctx.request_id.clone();
         let dialect_name = ctx.dialect;
         self.commits.spawn(async move {
-            let outcome = app.stream_rounds(&job, started, &tx).await;
+            let outcome = app.stream_rounds(&job, started, stitch, &tx).await;
             app.metrics
                 .streams_total
                 .with_label_values(&[dialect_name, outcome.as_str()])
@@ -191,7 +199,11 @@ impl App {
             );
             drop(inflight);
         });
-        let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(ChannelBody(rx)));
+        let body = ChannelBody {
+            first: first.filter(|b| !b.is_empty()),
+            rx,
+        };
+        let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(body));
         *response.status_mut() = status;
         *response.headers_mut() = headers;
         response
@@ -201,9 +213,9 @@ impl App {
         self: &Arc<Self>,
         job: &Job,
         mut started: Started,
+        mut stitch: Stitcher,
         tx: &mpsc::Sender<Result<Bytes, BoxError>>,
     ) -> StreamOutcome {
-        let mut stitch = Stitcher::new(job.dialect, &job.tool);
         let mut rounds = Rounds::default();
         let mut body = job.body.clone();
         loop {
@@ -346,7 +358,12 @@ impl App {
             if !shown.is_empty() && !items.is_empty() {
                 let content = Link::content(&items, &prefix);
                 let link = Link {
-                    fingerprint: read::fingerprint(job.before.as_ref(), &shown),
+                    fingerprint: read::fingerprint(
+                        Shape::read(job.dialect, &job.original)
+                            .and_then(|s| s.last_item())
+                            .as_ref(),
+                        &shown,
+                    ),
                     items: shown.len(),
                     artifact: Link::artifact_for(&job.tenant, &content),
                 };
@@ -426,8 +443,11 @@ fn respond(
     response
 }
 
-/// A response body fed by the task that stitches the rounds.
-struct ChannelBody(mpsc::Receiver<Result<Bytes, BoxError>>);
+/// A response body: the first stitched chunk, then what the task that stitches the rounds sends.
+struct ChannelBody {
+    first: Option<Bytes>,
+    rx: mpsc::Receiver<Result<Bytes, BoxError>>,
+}
 
 impl http_body::Body for ChannelBody {
     type Data = Bytes;
@@ -437,8 +457,11 @@ impl http_body::Body for ChannelBody {
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.get_mut()
-            .0
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        this.rx
             .poll_recv(cx)
             .map(|next| next.map(|r| r.map(Frame::data)))
     }
