@@ -77,7 +77,8 @@ pub struct Metrics {
     pub sessions_active: IntGauge,
     /// Images pruned by `recent` pruning (A4), counted when the pruning is committed.
     pub images_pruned_total: IntCounter,
-    /// Read-tool calls sluice answered, by outcome (page, bad_cursor, expired, store_error).
+    /// Read-tool calls sluice answered, by outcome (page, image, image_refused, bad_cursor,
+    /// expired, store_error).
     pub read_calls_total: IntCounterVec,
     /// Read rounds sluice answered per request that offered the read tool.
     pub read_rounds: Histogram,
@@ -222,7 +223,14 @@ impl Metrics {
             )
             .buckets(vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]),
         )?;
-        for outcome in ["page", "bad_cursor", "expired", "store_error"] {
+        for outcome in [
+            "page",
+            "image",
+            "image_refused",
+            "bad_cursor",
+            "expired",
+            "store_error",
+        ] {
             read_calls_total.with_label_values(&[outcome]);
         }
         registry.register(Box::new(read_calls_total.clone()))?;

@@ -145,6 +145,8 @@ pub struct Projection {
     pub attachments: Vec<Attachment>,
     /// The session state changes to commit if the response completes (A9).
     pub delta: Delta,
+    /// Image placeholders that name an artifact the read tool can show again (C5).
+    pub rereadable: usize,
 }
 
 /// An image of the request as the delivery state sees it.
@@ -392,6 +394,11 @@ pub fn project_prepared(
                 lifetime: lifetime_of(item, tool, ctx.route, ctx.media),
                 outcome: ev.outcome,
             });
+        }
+        if matches!(outcome, Outcome::Retired | Outcome::Deferred)
+            && item_at(*place).is_some_and(|i| i.id.is_some())
+        {
+            out.rereadable += 1;
         }
         match outcome {
             Outcome::Embed(_) | Outcome::KeepRemote => out.summary.embedded += 1,

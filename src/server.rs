@@ -644,11 +644,24 @@ impl App {
                 .load_session(&parts.headers, &tenant, &view, route, ctx)
                 .await;
         }
+        // A client tool of the read tool's name: sluice's tool takes a suffix, and the notices
+        // name that (the route is copied only then).
+        let renamed = view
+            .tools
+            .filter(|raw| raw.get().contains(route.config.read_tool.as_str()))
+            .and_then(|_| read::Shape::of_view(&view))
+            .map(|shape| read::tool_name(&route.config.read_tool, &shape.tool_names(dialect)))
+            .filter(|name| *name != route.config.read_tool)
+            .map(|read_tool| crate::config::RouteConfig {
+                read_tool,
+                ..route.config.clone()
+            });
+        let route_config = renamed.as_ref().unwrap_or(&route.config);
         let mut projection = projection::project_prepared(
             &view,
             &projection::Context {
                 tenant: &tenant,
-                route: &route.config,
+                route: route_config,
                 memo: &self.memo,
                 media: &self.media,
                 state: &state,
@@ -660,7 +673,14 @@ impl App {
         // C1: a request that holds a cursor is offered the read tool; the rounds hidden from
         // the client on earlier turns are spliced back in where the client's history shows
         // what it received (C3).
-        let offer = route.config.max_read_steps > 0 && projection.summary.spilled > 0;
+        // C5: so does a request whose image placeholders name artifacts to read again. A request
+        // sluice changes nothing in gets no tool (P1).
+        let accepts_images = route
+            .config
+            .input_modalities
+            .contains(&crate::config::Modality::Image);
+        let offer = route.config.max_read_steps > 0
+            && (projection.summary.spilled > 0 || (projection.rereadable > 0 && accepts_images));
         if offer {
             if session.is_none() {
                 (session, state) = self
@@ -678,7 +698,7 @@ impl App {
         let mut tool = None;
         if offer {
             if let Some(shape) = read::Shape::of_view(&view) {
-                let name = read::tool_name(&route.config.read_tool, &shape.tool_names(dialect));
+                let name = route_config.read_tool.clone();
                 projection
                     .edits
                     .push(shape.add_tool(&read::definition(dialect, &name)));
@@ -759,6 +779,18 @@ impl App {
             original: body.clone(),
             session: session.clone(),
             delta: projection.delta.clone(),
+            images: {
+                let limits = &route.config.images;
+                let embedded = projection.images.iter().filter(|i| i.outcome == "embedded");
+                let shown: u64 = embedded.clone().map(|i| i.bytes).sum();
+                rounds::ImageRoom {
+                    accepts: accepts_images,
+                    count: limits.max_images.saturating_sub(embedded.count()),
+                    bytes: limits.max_total_bytes.saturating_sub(shown),
+                    max_image_bytes: limits.max_image_bytes,
+                    max_dimension: limits.max_dimension,
+                }
+            },
         });
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();

@@ -80,7 +80,7 @@ async fn once_shows_an_image_in_exactly_one_successful_response_a3() {
         .to_string();
     assert!(
         text.contains(
-            "shown earlier and no longer attached; it can be read again from artifact://m"
+            r#"shown earlier and no longer attached; it can be read again with the read tool: {"url":"artifact://m"#
         ),
         "{text}"
     );

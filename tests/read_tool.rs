@@ -631,3 +631,153 @@ async fn no_cursor_no_tool_c1() {
         assert_eq!(mock.last().json()["tools"], body["tools"], "{d:?}");
     }
 }
+
+/// A tool result carrying a screenshot as an MCP result (text), in each dialect.
+fn with_screenshot(d: D, png: &[u8]) -> Value {
+    let mcp = json!({"content": [{"type": "text", "text": "screenshot taken"},
+        {"type": "image", "data": common::b64(png), "mimeType": "image/png"}]})
+    .to_string();
+    d.request(false, &mcp)
+}
+
+/// C5: an image shown once is a placeholder on the next turn that names its artifact; the model
+/// reads it again with the read tool and sees it, placed as the dialect takes tool images; later
+/// turns show that re-read once, as a placeholder.
+#[tokio::test]
+async fn an_image_shown_once_can_be_read_again_c5() {
+    let png = common::picture(64, 48, image::ImageFormat::Png);
+    for d in ALL {
+        let mock = MockUpstream::start();
+        let sluice = Sluice::start(&config(&mock, ""));
+        mock.record(true);
+        let first = with_screenshot(d, &png);
+        let (status, got) = send(&sluice, d, &first).await;
+        assert_eq!(status, 200, "{d:?}");
+        let shown = mock.last().json().to_string();
+        let at = shown.find("artifact://m").expect("the image's reference") + "artifact://".len();
+        let id: String = shown[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .collect();
+        commits(&sluice, 1.0).await;
+
+        // The next turn: the image was shown once; its placeholder says how to see it again.
+        let second = d.next_turn(first.clone(), &got.items, "look again");
+        mock.script([
+            Reply::Parts(vec![common::Part::Tool(
+                "sluice_read".into(),
+                json!({"url": format!("artifact://{id}")}),
+            )]),
+            Reply::Text("I see it again.".into()),
+        ]);
+        let before = mock.requests().len();
+        let (status, got2) = send(&sluice, d, &second).await;
+        assert_eq!(
+            status, 200,
+            "{d:?}: the mock enforces the provider's image rules"
+        );
+        assert_eq!(got2.text, "I see it again.", "{d:?}");
+        let rounds: Vec<Value> = mock.requests()[before..].iter().map(|r| r.json()).collect();
+        assert_eq!(rounds.len(), 2, "{d:?}");
+        let offered = rounds[0].to_string();
+        assert!(
+            offered.contains(&format!(r#"{{\"url\":\"artifact://{id}\"}}"#)),
+            "{d:?}: the placeholder names the artifact and the call: {offered}"
+        );
+        assert!(
+            offered.contains("sluice_read"),
+            "{d:?}: the tool is offered"
+        );
+        let images_in = |v: &Value| {
+            let s = v.to_string();
+            s.matches(r#""type":"image_url""#).count()
+                + s.matches(r#""type":"input_image""#).count()
+                + s.matches(r#""type":"image""#).count()
+        };
+        assert_eq!(images_in(&rounds[0]), 0, "{d:?}: retired in this turn");
+        assert_eq!(images_in(&rounds[1]), 1, "{d:?}: shown again by the read");
+        let m = sluice.metrics().await;
+        assert_eq!(
+            metric(&m, "sluice_read_calls_total{outcome=\"image\"}"),
+            1.0
+        );
+        commits(&sluice, 2.0).await;
+
+        // Later turns: the re-read is spliced back as a placeholder (lifetime once).
+        let third = d.next_turn(second.clone(), &got2.items, "thanks");
+        mock.script([Reply::Text("ok".into())]);
+        send(&sluice, d, &third).await;
+        let later = mock.last().json();
+        assert_eq!(images_in(&later), 0, "{d:?}: shown once");
+        assert!(
+            later
+                .to_string()
+                .contains("was shown here; it can be read again"),
+            "{d:?}"
+        );
+    }
+}
+
+/// A read for something that is not an image of this tenant is answered in-band.
+#[tokio::test]
+async fn a_bad_image_url_is_answered_in_band_c5() {
+    let output = tool_output(150_000);
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    mock.script([
+        Reply::Parts(vec![common::Part::Tool(
+            "sluice_read".into(),
+            json!({"url": "artifact://mAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}),
+        )]),
+        Reply::Text("Sorry.".into()),
+    ]);
+    mock.record(true);
+    let (status, got) = send(&sluice, D::Anthropic, &D::Anthropic.request(false, &output)).await;
+    assert_eq!(status, 200);
+    assert_eq!(got.text, "Sorry.");
+    let round = mock.last().json().to_string();
+    assert!(
+        round.contains("is not the artifact://ID of an image") || round.contains("has expired"),
+        "{round}"
+    );
+}
+
+/// C1: a client tool already named `sluice_read` keeps its name; sluice's tool and the notices
+/// use `sluice_read_2`, and calls of it are answered by sluice.
+#[tokio::test]
+async fn a_taken_name_gets_a_suffix_everywhere_c1() {
+    let output = tool_output(150_000);
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    let mut body = D::Chat.request(false, &output);
+    body["tools"] = json!([{"type": "function", "function": {"name": "sluice_read", "parameters": {"type": "object"}}}]);
+    mock.script([
+        Reply::Read {
+            before: None,
+            also: None,
+            answer: String::new(),
+        },
+        Reply::Text("Done.".into()),
+    ]);
+    mock.record(true);
+    let (status, got) = send(&sluice, D::Chat, &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(got.text, "Done.");
+    let first = mock.requests()[0].json();
+    let names: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["sluice_read", "sluice_read_2"]);
+    assert!(
+        first.to_string().contains("call sluice_read_2 with"),
+        "the notice names the tool offered"
+    );
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "the suffixed tool's call was answered by sluice"
+    );
+}

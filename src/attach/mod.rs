@@ -246,15 +246,20 @@ pub fn note(item: &Item, outcome: &Outcome) -> Option<String> {
         Outcome::Gated => Some(format!(
             "[image #{k}: no visual content was provided: this model does not accept images]"
         )),
-        Outcome::Deferred => Some(format!(
-            "[image #{k}: not shown in this request (its image budget is full); it will be shown in a later one]"
-        )),
+        Outcome::Deferred => Some(match item.id {
+            Some(id) => format!(
+                "[image #{k}: not shown in this request (its image budget is full); it will be shown in a later one (artifact://{id})]"
+            ),
+            None => format!(
+                "[image #{k}: not shown in this request (its image budget is full); it will be shown in a later one]"
+            ),
+        }),
         Outcome::Refused(r) if !matches!(item.media, Media::Refused(_)) => {
             Some(format!("[image #{k}: not shown: {r}]"))
         }
         Outcome::Retired => Some(match item.id {
             Some(id) => format!(
-                "[image #{k}: shown earlier and no longer attached; it can be read again from artifact://{id}]"
+                "[image #{k}: shown earlier and no longer attached; it can be read again with the read tool: {{\"url\":\"artifact://{id}\"}}]"
             ),
             None => format!("[image #{k}: shown earlier and no longer attached]"),
         }),

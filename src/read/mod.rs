@@ -25,9 +25,10 @@ use crate::tenant::Tenant;
 
 pub use request::Shape;
 
-const DESCRIPTION: &str = "Read on in a long tool result that was shortened. Its notice ends \
-with a call hint such as {\"cursor\":\"...\"}: pass that cursor to get the next page. Each page \
-ends with the cursor of the page after it, until the end.";
+const DESCRIPTION: &str = "Read on in a long tool result that was shortened, or see an image \
+again. A shortened result's notice ends with a call hint such as {\"cursor\":\"...\"}: pass that \
+cursor to get the next page; each page ends with the cursor of the page after it, until the end. \
+An image no longer attached names its artifact: pass {\"url\":\"artifact://...\"} to see it again.";
 
 /// The read tool's name for a request: the route's name, with a suffix if the client's own
 /// tools already use it.
@@ -46,8 +47,10 @@ pub fn tool_name(base: &str, taken: &[String]) -> String {
 pub fn definition(dialect: Dialect, name: &str) -> String {
     let parameters = json!({
         "type": "object",
-        "properties": {"cursor": {"type": "string", "description": "The cursor from a notice or from the previous page."}},
-        "required": ["cursor"],
+        "properties": {
+            "cursor": {"type": "string", "description": "The cursor from a notice or from the previous page."},
+            "url": {"type": "string", "description": "artifact://ID of an image shown earlier."}
+        },
         "additionalProperties": false
     });
     let value = match dialect {
@@ -71,18 +74,65 @@ pub struct Call {
     pub arguments: Value,
 }
 
-/// What a read call asks for: the page at a cursor, or an error the model can read.
+/// What a read call asks for: the page at a cursor, an image again (C5), or an error the
+/// model can read.
 pub enum Request {
     Page(Cursor),
+    Image(ArtifactId),
     Invalid(String),
+}
+
+/// A read call's answer: its text, and an image to attach (C5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub id: String,
+    pub text: String,
+    pub image: Option<Image>,
+}
+
+/// An image a read call shows again: its media type and base64 data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub mime: &'static str,
+    pub base64: String,
+    /// The artifact, named in the placeholder that replaces the image on later turns.
+    pub artifact: ArtifactId,
+}
+
+impl Answer {
+    /// The answer as later turns show it: an image is shown once (C5), then its placeholder.
+    pub fn once_shown(&self) -> Answer {
+        let mut shown = self.clone();
+        if let Some(image) = shown.image.take() {
+            shown.text = format!(
+                "[sluice: image artifact://{} was shown here; it can be read again with {{\"url\":\"artifact://{}\"}}]",
+                image.artifact, image.artifact
+            );
+        }
+        shown
+    }
 }
 
 /// Reads a read call's arguments against `tenant` (a cursor of another tenant is refused the
 /// same way as a malformed one: the model learns nothing about other tenants' data).
 pub fn parse_call(call: &Call, tenant: &Tenant) -> Request {
+    if let Some(url) = call.arguments.get("url").and_then(Value::as_str) {
+        let id = url
+            .trim()
+            .strip_prefix("artifact://")
+            .and_then(ArtifactId::parse)
+            .filter(|id| id.kind == ArtifactKind::Media);
+        return match id {
+            Some(id) => Request::Image(id),
+            None => Request::Invalid(format!(
+                "[sluice: {:?} is not the artifact://ID of an image; copy it exactly from the image's placeholder]",
+                url.chars().take(120).collect::<String>()
+            )),
+        };
+    }
     let Some(cursor) = call.arguments.get("cursor").and_then(Value::as_str) else {
         return Request::Invalid(
-            "sluice_read needs {\"cursor\":\"...\"}, copied from a notice or a page.".to_string(),
+            "[sluice: pass {\"cursor\":\"...\"} copied from a notice or a page, or {\"url\":\"artifact://...\"} of an image]".to_string(),
         );
     };
     match Cursor::decode(cursor.trim(), tenant) {

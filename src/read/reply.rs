@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{add_usage, Call};
+use super::{add_usage, Answer, Call};
 use crate::dialect::Dialect;
 
 /// What the model produced in one round.
@@ -116,30 +116,62 @@ pub fn anthropic_calls(content: &[Value]) -> Vec<Call> {
         .collect()
 }
 
-/// The items that answer `results` (call id, page text).
-pub fn results(dialect: Dialect, results: &[(String, String)]) -> Vec<Value> {
+/// The items that answer read calls. An image goes where the dialect takes a tool's image:
+/// inside the tool result (Anthropic, Responses), or in a user message after the tool messages
+/// (chat, whose tool messages take text only).
+pub fn results(dialect: Dialect, answers: &[Answer]) -> Vec<Value> {
     match dialect {
-        Dialect::OpenAiChat => results
-            .iter()
-            .map(|(id, text)| json!({"role": "tool", "tool_call_id": id, "content": text}))
-            .collect(),
-        Dialect::OpenAiResponses => results
-            .iter()
-            .map(
-                |(id, text)| json!({"type": "function_call_output", "call_id": id, "output": text}),
-            )
-            .collect(),
-        Dialect::AnthropicMessages => {
-            vec![json!({"role": "user", "content": result_blocks(results)})]
+        Dialect::OpenAiChat => {
+            let mut items: Vec<Value> = answers
+                .iter()
+                .map(|a| json!({"role": "tool", "tool_call_id": a.id, "content": a.text}))
+                .collect();
+            let images: Vec<Value> = answers
+                .iter()
+                .filter_map(|a| a.image.as_ref().map(|i| (a, i)))
+                .flat_map(|(a, i)| {
+                    [
+                        json!({"type": "text", "text": format!("[sluice: the image read by call {}]", a.id)}),
+                        json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}", i.mime, i.base64)}}),
+                    ]
+                })
+                .collect();
+            if !images.is_empty() {
+                items.push(json!({"role": "user", "content": images}));
+            }
+            items
         }
+        Dialect::OpenAiResponses => answers
+            .iter()
+            .map(|a| {
+                let output = match &a.image {
+                    Some(i) => json!([
+                        {"type": "input_text", "text": a.text},
+                        {"type": "input_image", "image_url": format!("data:{};base64,{}", i.mime, i.base64)}
+                    ]),
+                    None => json!(a.text),
+                };
+                json!({"type": "function_call_output", "call_id": a.id, "output": output})
+            })
+            .collect(),
+        Dialect::AnthropicMessages => vec![json!({"role": "user", "content": result_blocks(answers)})],
     }
 }
 
 /// Anthropic `tool_result` blocks.
-pub fn result_blocks(results: &[(String, String)]) -> Vec<Value> {
-    results
+pub fn result_blocks(answers: &[Answer]) -> Vec<Value> {
+    answers
         .iter()
-        .map(|(id, text)| json!({"type": "tool_result", "tool_use_id": id, "content": text}))
+        .map(|a| {
+            let content = match &a.image {
+                Some(i) => json!([
+                    {"type": "text", "text": a.text},
+                    {"type": "image", "source": {"type": "base64", "media_type": i.mime, "data": i.base64}}
+                ]),
+                None => json!(a.text),
+            };
+            json!({"type": "tool_result", "tool_use_id": a.id, "content": content})
+        })
         .collect()
 }
 

@@ -142,7 +142,13 @@ impl<'a> Shape<'a> {
                 with: format!("[{definition}]").into(),
             },
             Some((span, _)) => insert(span.end - 1, format!(",{definition}")),
-            None => self.member("tools", &format!("[{definition}]")),
+            // First in the object: a client that sends no tools gets the same bytes before
+            // its history on every turn (its requests stay byte-prefixes of each other).
+            None => {
+                let at = self.body.find('{').map_or(0, |i| i + 1);
+                let comma = if self.has_members { "," } else { "" };
+                insert(at, format!(r#""tools":[{definition}]{comma}"#))
+            }
         }
     }
 

@@ -47,13 +47,25 @@ pub(super) struct Job {
     pub original: Bytes,
     pub session: Option<SessionKey>,
     pub delta: Delta,
+    /// Images this request may still show (C5: re-read images count against the route's
+    /// budgets, after the images the request already embeds).
+    pub images: ImageRoom,
+}
+
+/// What is left of a request's image budgets, and the per-image limits.
+pub(super) struct ImageRoom {
+    pub accepts: bool,
+    pub count: usize,
+    pub bytes: u64,
+    pub max_image_bytes: u64,
+    pub max_dimension: u32,
 }
 
 /// The rounds so far: each round's output and the read results that answered it.
 #[derive(Default)]
 struct Rounds {
     outputs: Vec<Output>,
-    answered: Vec<Vec<(String, String)>>,
+    answered: Vec<Vec<read::Answer>>,
 }
 
 impl Rounds {
@@ -68,6 +80,9 @@ impl Rounds {
             let Some(results) = self.answered.get(i) else {
                 continue;
             };
+            // Later turns show a re-read image once: as its placeholder (C5).
+            let results: Vec<read::Answer> = results.iter().map(read::Answer::once_shown).collect();
+            let results = &results;
             if i == last && dialect == Dialect::AnthropicMessages {
                 prefix = reply::result_blocks(results)
                     .iter()
@@ -97,7 +112,13 @@ impl App {
         start: Instant,
     ) -> Response<Body> {
         if !started.status.is_success() {
-            return self.relay(started, ctx, inflight, start, None, None);
+            // The provider refused the first round: relayed as is; the delta is discarded there.
+            let commit = job
+                .session
+                .clone()
+                .filter(|_| !job.delta.records.is_empty())
+                .map(|s| (s, job.delta.clone()));
+            return self.relay(started, ctx, inflight, start, None, commit);
         }
         job.headers.remove(header::ACCEPT_ENCODING);
         if started.is_event_stream() {
@@ -110,7 +131,7 @@ impl App {
     /// output and the usage of all rounds.
     async fn read_whole(
         self: &Arc<Self>,
-        job: Job,
+        mut job: Job,
         mut started: Started,
         ctx: &Context,
         inflight: InFlight,
@@ -125,6 +146,7 @@ impl App {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::warn!(request_id = %ctx.request_id, error = %e, "read round: upstream body failed");
+                    self.discarded(&job);
                     return self
                         .error_response(ctx, &crate::error::GatewayError::UpstreamUnreachable);
                 }
@@ -139,7 +161,7 @@ impl App {
             if reads.is_empty() || rounds.answered.len() >= job.max_steps {
                 break value;
             }
-            let results = self.answer(&job.tenant, &reads, &job.tool).await;
+            let results = self.answer(&mut job, &reads).await;
             rounds.answered.push(results);
             if others {
                 break value;
@@ -152,8 +174,14 @@ impl App {
             started = match self.round(&job, &body).await {
                 Ok(next) if next.status.is_success() => next,
                 // A failed round: the client gets the upstream's error; nothing is committed.
-                Ok(failed) => return self.relay(failed, ctx, inflight, Instant::now(), None, None),
-                Err(e) => return self.error_response(ctx, &e),
+                Ok(failed) => {
+                    self.discarded(&job);
+                    return self.relay(failed, ctx, inflight, Instant::now(), None, None);
+                }
+                Err(e) => {
+                    self.discarded(&job);
+                    return self.error_response(ctx, &e);
+                }
             };
         };
         self.metrics
@@ -186,8 +214,12 @@ impl App {
         let app = self.clone();
         let request_id = ctx.request_id.clone();
         let dialect_name = ctx.dialect;
+        let mut job = job;
         self.commits.spawn(async move {
-            let outcome = app.stream_rounds(&job, started, stitch, &tx).await;
+            let outcome = app.stream_rounds(&mut job, started, stitch, &tx).await;
+            if outcome != StreamOutcome::Completed {
+                app.discarded(&job);
+            }
             app.metrics
                 .streams_total
                 .with_label_values(&[dialect_name, outcome.as_str()])
@@ -211,7 +243,7 @@ impl App {
 
     async fn stream_rounds(
         self: &Arc<Self>,
-        job: &Job,
+        job: &mut Job,
         mut started: Started,
         mut stitch: Stitcher,
         tx: &mpsc::Sender<Result<Bytes, BoxError>>,
@@ -248,7 +280,7 @@ impl App {
             if reads.is_empty() || rounds.answered.len() >= job.max_steps {
                 break;
             }
-            let results = self.answer(&job.tenant, &reads, &job.tool).await;
+            let results = self.answer(job, &reads).await;
             rounds.answered.push(results);
             if others {
                 break;
@@ -302,46 +334,58 @@ impl App {
             .await
     }
 
-    /// Answers read calls with their pages; every failure is an answer the model can read.
-    async fn answer(&self, tenant: &Tenant, calls: &[Call], tool: &str) -> Vec<(String, String)> {
+    /// Answers read calls with their pages or images; every failure is an answer the model can
+    /// read.
+    async fn answer(&self, job: &mut Job, calls: &[Call]) -> Vec<read::Answer> {
         let mut out = Vec::with_capacity(calls.len());
         for call in calls {
-            let (text, outcome) = match read::parse_call(call, tenant) {
-                read::Request::Invalid(message) => (message, "bad_cursor"),
+            let (text, image, outcome) = match read::parse_call(call, &job.tenant) {
+                read::Request::Invalid(message) => (message, None, "bad_cursor"),
                 read::Request::Page(cursor) => {
-                    match self.artifacts.get(tenant, &cursor.artifact).await {
+                    match self.artifacts.get(&job.tenant, &cursor.artifact).await {
                         Ok(Some(bytes)) => match std::str::from_utf8(&bytes) {
-                            Ok(text) => (read::page(text, &cursor, tenant, tool), "page"),
+                            Ok(text) => (
+                                read::page(text, &cursor, &job.tenant, &job.tool),
+                                None,
+                                "page",
+                            ),
                             Err(_) => (
                                 "[sluice: this artifact is not text]".to_string(),
+                                None,
                                 "bad_cursor",
                             ),
                         },
-                        Ok(None) => (
-                            format!(
-                                "[sluice: artifact://{} has expired and can no longer be read]",
-                                cursor.artifact
-                            ),
-                            "expired",
-                        ),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "read tool: artifact store unavailable");
-                            (
-                                "[sluice: the artifact store is unavailable; try the same call again later]"
-                                    .to_string(),
-                                "store_error",
-                            )
-                        }
+                        Ok(None) => (expired(&cursor.artifact), None, "expired"),
+                        Err(e) => store_unavailable(&e),
                     }
                 }
+                read::Request::Image(id) => match self.artifacts.get(&job.tenant, &id).await {
+                    Ok(Some(bytes)) => reshow(&mut job.images, id, bytes),
+                    Ok(None) => (expired(&id), None, "expired"),
+                    Err(e) => store_unavailable(&e),
+                },
             };
             self.metrics
                 .read_calls_total
                 .with_label_values(&[outcome])
                 .inc();
-            out.push((call.id.clone(), text));
+            out.push(read::Answer {
+                id: call.id.clone(),
+                text,
+                image,
+            });
         }
         out
+    }
+
+    /// Counts a delta that is not committed because the response did not complete (A9).
+    fn discarded(&self, job: &Job) {
+        if job.session.is_some() && !job.delta.records.is_empty() {
+            self.metrics
+                .commits_total
+                .with_label_values(&["discarded"])
+                .inc();
+        }
     }
 
     /// Commits the request's delivery-state delta and, when rounds were hidden from the
@@ -403,6 +447,65 @@ impl App {
             .with_label_values(&[outcome])
             .inc();
     }
+}
+
+fn expired(id: &crate::store::ArtifactId) -> String {
+    format!("[sluice: artifact://{id} has expired and can no longer be read]")
+}
+
+fn store_unavailable(e: &crate::store::StoreError) -> (String, Option<read::Image>, &'static str) {
+    tracing::warn!(error = %e, "read tool: artifact store unavailable");
+    (
+        "[sluice: the artifact store is unavailable; try the same call again later]".to_string(),
+        None,
+        "store_error",
+    )
+}
+
+/// An image shown again (C5), if the route takes images and the request's budgets have room.
+fn reshow(
+    room: &mut ImageRoom,
+    id: crate::store::ArtifactId,
+    bytes: Bytes,
+) -> (String, Option<read::Image>, &'static str) {
+    let refuse = |why: &str| {
+        (
+            format!("[sluice: artifact://{id} cannot be shown again: {why}]"),
+            None,
+            "image_refused",
+        )
+    };
+    if !room.accepts {
+        return refuse("this model does not accept images");
+    }
+    let Ok(checked) = crate::image::check(bytes, None) else {
+        return refuse("it is not an image sluice can show");
+    };
+    let base64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &checked.bytes);
+    let size = base64.len() as u64;
+    if room.count == 0 {
+        return refuse("this request already holds as many images as the route allows");
+    }
+    if size > room.max_image_bytes || size > room.bytes {
+        return refuse("it is larger than the image budget left in this request");
+    }
+    if checked.long_edge() > room.max_dimension {
+        return refuse("it is larger than the route's largest image dimension");
+    }
+    room.count -= 1;
+    room.bytes -= size;
+    (
+        format!(
+            "[sluice: image artifact://{id}, {}×{}, shown again]",
+            checked.width, checked.height
+        ),
+        Some(read::Image {
+            mime: checked.kind.mime(),
+            base64,
+            artifact: id,
+        }),
+        "image",
+    )
 }
 
 /// The read calls of a round (owned) and whether the model called other tools too.
