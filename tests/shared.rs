@@ -232,3 +232,69 @@ async fn readyz_follows_redis_and_sluice_reconnects_after_a_redis_restart() {
     redis.kill().unwrap();
     let _ = redis.wait();
 }
+
+/// C3 across replicas: the model reads a page through one process; the next turn, sent to the
+/// other, shows the model the page it read (the hidden round lives in Redis).
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn hidden_read_rounds_are_spliced_back_by_the_other_process() {
+    let mock = MockUpstream::start();
+    let (a, b) = (
+        Sluice::start(&config(&mock, REDIS)),
+        Sluice::start(&config(&mock, REDIS)),
+    );
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let mut body = json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": format!("build {key}")},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": tool_output(90_000)}]});
+    mock.script([
+        common::Reply::Read {
+            before: None,
+            also: None,
+            answer: String::new(),
+        },
+        common::Reply::Text("Read it.".into()),
+    ]);
+    let answer: Value = client()
+        .post(a.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let message = answer["choices"][0]["message"].clone();
+    assert_eq!(message["content"], "Read it.");
+    let messages = body["messages"].as_array_mut().unwrap();
+    messages.push(message);
+    messages.push(json!({"role": "user", "content": "go on"}));
+    mock.script([common::Reply::Text("ok".into())]);
+    mock.record(true);
+    let status = client()
+        .post(b.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    let seen = mock.last().json();
+    let history = seen["messages"].as_array().unwrap();
+    assert_eq!(
+        history.len(),
+        3 + 2 + 1 + 1,
+        "the read call and its page are back in"
+    );
+    assert_eq!(
+        history[3]["tool_calls"][0]["function"]["name"],
+        "sluice_read"
+    );
+    assert!(history[4]["content"]
+        .as_str()
+        .unwrap()
+        .contains("sluice: lines "));
+}
