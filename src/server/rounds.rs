@@ -141,7 +141,7 @@ impl App {
         headers.remove(header::CONTENT_LENGTH);
         let mut rounds = Rounds::default();
         let mut body = job.body.clone();
-        let last = loop {
+        let (last, last_bytes) = loop {
             let bytes = match started.collect(MAX_REPLY_BYTES).await {
                 Ok(bytes) => bytes,
                 Err(e) => {
@@ -152,23 +152,25 @@ impl App {
                 }
             };
             let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
-                // Not JSON: the client gets it as the provider sent it.
+                // Not JSON: the client gets it as the provider sent it (a whole 2xx body: the
+                // request's delta counts as delivered, A9).
+                self.remember(&job, &rounds).await;
                 return respond(status, headers, bytes, inflight);
             };
             let output = reply::parse(job.dialect, &value);
             let (reads, others) = owned_reads(&output, &job.tool);
             rounds.outputs.push(output);
             if reads.is_empty() || rounds.answered.len() >= job.max_steps {
-                break value;
+                break (value, bytes);
             }
             let results = self.answer(&mut job, &reads).await;
             rounds.answered.push(results);
             if others {
-                break value;
+                break (value, bytes);
             }
             let force = rounds.answered.len() >= job.max_steps;
             let Some(next) = next_body(&job, &body, &rounds, force) else {
-                break value;
+                break (value, bytes);
             };
             body = next;
             started = match self.round(&job, &body).await {
@@ -187,8 +189,12 @@ impl App {
         self.metrics
             .read_rounds
             .observe(rounds.answered.len() as f64);
-        let merged = reply::merged(job.dialect, last, &rounds.outputs, &job.tool);
         self.remember(&job, &rounds).await;
+        if rounds.answered.is_empty() {
+            // The model answered at once: its response, byte for byte.
+            return respond(status, headers, last_bytes, inflight);
+        }
+        let merged = reply::merged(job.dialect, last, &rounds.outputs, &job.tool);
         respond(status, headers, Bytes::from(merged.to_string()), inflight)
     }
 
