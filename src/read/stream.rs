@@ -30,6 +30,8 @@ struct Round {
     usage: Option<Value>,
     /// The round's closing events, held back: (event name, data).
     closing: Vec<(Option<String>, Value)>,
+    /// The closing events' bytes as the provider sent them.
+    closing_raw: Vec<u8>,
     /// The closing event arrived (the round completed).
     complete: bool,
 }
@@ -49,6 +51,10 @@ pub struct Stitcher {
     /// The first round's chunk id (chat), so every chunk carries one id.
     first_id: Option<String>,
     failed: bool,
+    /// The event being handled was changed; an unchanged one is passed on as its raw bytes.
+    touched: bool,
+    /// A read call's events were held back in this stream.
+    held: bool,
 }
 
 impl Stitcher {
@@ -63,6 +69,8 @@ impl Stitcher {
             seq: 0,
             first_id: None,
             failed: false,
+            touched: false,
+            held: false,
         }
     }
 
@@ -156,6 +164,11 @@ impl Stitcher {
     /// Responses) the output of all rounds the client sees.
     pub fn finish(&mut self, rounds: &[Output]) -> Vec<u8> {
         let mut out = Vec::new();
+        if rounds.len() <= 1 && !self.held {
+            // Nothing was hidden: the closing events go as the provider sent them.
+            self.round.closing.clear();
+            return std::mem::take(&mut self.round.closing_raw);
+        }
         let total = reply::total_usage(rounds);
         for (name, mut data) in std::mem::take(&mut self.round.closing) {
             match self.dialect {
@@ -222,7 +235,11 @@ impl Stitcher {
 
     fn chat_id(&mut self, data: &mut Value) {
         match &self.first_id {
-            Some(id) => data["id"] = Value::String(id.clone()),
+            Some(id) if data["id"].as_str() == Some(id) => {}
+            Some(id) => {
+                data["id"] = Value::String(id.clone());
+                self.touched = true;
+            }
             None => self.first_id = data["id"].as_str().map(str::to_string),
         }
     }
@@ -249,6 +266,8 @@ impl Stitcher {
         }
         if self.dialect == Dialect::OpenAiChat && data.trim() == "[DONE]" {
             self.round.closing.push((None, Value::Null));
+            self.round.closing_raw.extend_from_slice(block);
+            self.round.closing_raw.extend_from_slice(b"\n\n");
             self.round.complete = true;
             return;
         }
@@ -257,17 +276,38 @@ impl Stitcher {
             out.extend_from_slice(b"\n\n");
             return;
         };
+        self.touched = false;
+        let closing = self.round.closing.len();
         let forward = match self.dialect {
             Dialect::OpenAiChat => self.chat(value),
             Dialect::AnthropicMessages => self.anthropic(value),
             Dialect::OpenAiResponses => self.responses(value),
         };
+        if self.round.closing.len() > closing {
+            self.round.closing_raw.extend_from_slice(block);
+            self.round.closing_raw.extend_from_slice(b"\n\n");
+        }
         if let Some(mut value) = forward {
             if self.dialect == Dialect::OpenAiResponses {
-                value["sequence_number"] = self.seq.into();
+                if value["sequence_number"].as_u64() != Some(self.seq) {
+                    value["sequence_number"] = self.seq.into();
+                    self.touched = true;
+                }
                 self.seq += 1;
             }
-            emit(out, name.as_deref(), &value);
+            if self.touched {
+                emit(out, name.as_deref(), &value);
+            } else {
+                out.extend_from_slice(block);
+                out.extend_from_slice(b"\n\n");
+            }
+        }
+    }
+
+    fn set_index(&mut self, event: &mut Value, key: &str, upstream: u64, client: u64) {
+        if upstream != client {
+            event[key] = client.into();
+            self.touched = true;
         }
     }
 
@@ -276,6 +316,7 @@ impl Stitcher {
         if let Some(known) = self.round.map.get(&index) {
             return *known;
         }
+        self.held |= read;
         let client = (!read).then(|| {
             let i = self.next_index;
             self.next_index += 1;
@@ -316,9 +357,15 @@ impl Stitcher {
                     entry.2.push_str(args);
                 }
                 let is_read = entry.1 == self.read;
-                if let Some(client) = self.index(index, is_read) {
-                    call["index"] = client.into();
-                    shown.push(call);
+                match self.index(index, is_read) {
+                    Some(client) => {
+                        if client != index {
+                            call["index"] = client.into();
+                            self.touched = true;
+                        }
+                        shown.push(call);
+                    }
+                    None => self.touched = true,
                 }
             }
             if shown.is_empty() {
@@ -361,7 +408,7 @@ impl Stitcher {
                 let is_read = block["type"] == "tool_use" && block["name"] == self.read.as_str();
                 self.round.blocks.insert(index, (block, String::new()));
                 let client = self.index(index, is_read)?;
-                event["index"] = client.into();
+                self.set_index(&mut event, "index", index, client);
                 Some(event)
             }
             "content_block_delta" => {
@@ -370,7 +417,7 @@ impl Stitcher {
                     apply_delta(block, partial, &event["delta"]);
                 }
                 let client = self.index(index, false)?;
-                event["index"] = client.into();
+                self.set_index(&mut event, "index", index, client);
                 Some(event)
             }
             "content_block_stop" => {
@@ -385,7 +432,7 @@ impl Stitcher {
                     }
                 }
                 let client = self.index(index, false)?;
-                event["index"] = client.into();
+                self.set_index(&mut event, "index", index, client);
                 Some(event)
             }
             "message_delta" => {
@@ -437,7 +484,7 @@ impl Stitcher {
                     && item["type"] == "function_call"
                     && item["name"] == self.read.as_str();
                 let client = self.index(index, is_read)?;
-                event["output_index"] = client.into();
+                self.set_index(&mut event, "output_index", index, client);
                 Some(event)
             }
         }
@@ -629,6 +676,43 @@ mod tests {
         assert_eq!(delta["delta"]["stop_reason"], "end_turn");
         assert_eq!(delta["usage"]["input_tokens"], 30);
         assert_eq!(delta["usage"]["output_tokens"], 12);
+    }
+
+    #[test]
+    fn a_stream_that_needs_no_read_passes_byte_for_byte() {
+        let streams = [
+            (
+                Dialect::AnthropicMessages,
+                sse(&[
+                    ("message_start", json!({"type": "message_start", "message": {"id": "m1", "usage": {"input_tokens": 10, "output_tokens": 1}}})),
+                    ("ping", json!({"type": "ping"})),
+                    ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+                    ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "café 1.50"}})),
+                    ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                    ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}})),
+                    ("message_stop", json!({"type": "message_stop"})),
+                ]),
+            ),
+            (
+                Dialect::OpenAiResponses,
+                sse(&[
+                    ("response.created", json!({"type": "response.created", "sequence_number": 0, "response": {"id": "r"}})),
+                    ("response.output_text.delta", json!({"type": "response.output_text.delta", "sequence_number": 1, "output_index": 0, "delta": "hi"})),
+                    ("response.completed", json!({"type": "response.completed", "sequence_number": 2, "response": {"id": "r", "output": [], "usage": {"input_tokens": 1}}})),
+                ]),
+            ),
+            (
+                Dialect::OpenAiChat,
+                "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\\u00e9\"},\"finish_reason\":null}]}\n\ndata: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n".to_string(),
+            ),
+        ];
+        for (dialect, upstream) in streams {
+            let mut s = Stitcher::new(dialect, "sluice_read");
+            let mut client = s.feed(upstream.as_bytes());
+            let out = s.output();
+            client.extend(s.finish(&[out]));
+            assert_eq!(String::from_utf8(client).unwrap(), upstream, "{dialect:?}");
+        }
     }
 
     #[test]
