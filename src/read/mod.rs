@@ -283,50 +283,80 @@ pub fn visible(item: &Value, out: &mut String) {
     }
 }
 
-/// The fingerprint of `items` following `before` in a history.
+/// The fingerprint of `items` following `before` in a history: the hash of the item before in
+/// the high half, of the items in the low half, so a history is searched by the (small) items
+/// first and the item before (often a long tool result) is read only where they match.
 pub fn fingerprint(before: Option<&Value>, items: &[Value]) -> u128 {
+    (u128::from(before_hash(before)) << 64) | u128::from(items_hash(items))
+}
+
+fn before_hash(before: Option<&Value>) -> u64 {
     let mut text = String::new();
     if let Some(before) = before {
         visible(before, &mut text);
     }
-    text.push('\u{2}');
+    xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+}
+
+fn items_hash(items: &[Value]) -> u64 {
+    let mut text = String::new();
     for item in items {
         visible(item, &mut text);
         text.push('\u{3}');
     }
-    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
+    xxhash_rust::xxh3::xxh3_64(text.as_bytes())
 }
 
-/// Whether a history item is one the model produced (where a link can start).
-fn is_model_item(item: &Value) -> bool {
-    item["role"] == "assistant" || item["type"] == "function_call" || item["type"] == "reasoning"
+/// Whether a history item is one the model produced (where a link can start), read without
+/// parsing its content.
+fn is_model_item(raw: &serde_json::value::RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(borrow)]
+        role: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, rename = "type")]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Kind>(raw.get()).is_ok_and(|k| {
+        k.role.as_deref() == Some("assistant")
+            || matches!(k.kind.as_deref(), Some("function_call" | "reasoning"))
+    })
 }
 
 /// The edits that put each linked round back at its place in `shape`'s history (C3):
-/// `contents` gives each link's artifact content. Items are parsed only where a link could start.
+/// `links` pairs each link with its artifact content. Only the model's items are parsed, and the
+/// item before them only where they match a link.
 pub fn splices(shape: &Shape<'_>, body: &str, links: &[(Link, Vec<u8>)]) -> Vec<Edit> {
     let Some((_, history)) = shape.history() else {
         return Vec::new();
     };
-    let parsed: Vec<Option<Value>> = history
-        .iter()
-        .map(|raw| serde_json::from_str(raw.get()).ok())
-        .collect();
+    let parse = |i: usize| serde_json::from_str::<Value>(history[i].get()).ok();
     let mut edits = Vec::new();
     let mut taken_until = 0;
     for start in 0..history.len() {
-        if start < taken_until || !parsed[start].as_ref().is_some_and(is_model_item) {
+        if start < taken_until || !is_model_item(history[start]) {
             continue;
         }
-        let before = start.checked_sub(1).and_then(|i| parsed[i].as_ref());
+        let mut before: Option<Option<u64>> = None;
         for (link, content) in links {
             let end = start + link.items;
             if end > history.len() {
                 continue;
             }
-            let items: Option<Vec<Value>> = parsed[start..end].iter().cloned().collect();
+            let items: Option<Vec<Value>> = (start..end).map(parse).collect();
             let Some(items) = items else { continue };
-            if fingerprint(before, &items) != link.fingerprint {
+            if items_hash(&items) != link.fingerprint as u64 {
+                continue;
+            }
+            let before_hash = *before.get_or_insert_with(|| {
+                let item = start.checked_sub(1).map(parse);
+                match item {
+                    Some(None) => None,
+                    Some(Some(v)) => Some(before_hash(Some(&v))),
+                    None => Some(before_hash(None)),
+                }
+            });
+            if before_hash != Some((link.fingerprint >> 64) as u64) {
                 continue;
             }
             let Some(zero) = content.iter().position(|b| *b == 0) else {
