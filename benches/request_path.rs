@@ -139,29 +139,59 @@ fn view(c: &mut Criterion) {
     group.finish();
 }
 
-fn round_trip(c: &mut Criterion) {
+/// A two-thread runtime for the client side of the in-process round trips.
+fn client_runtime() -> tokio::runtime::Runtime {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let upstream = mock::MockUpstream::start();
-    upstream.record(false);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
-    let mut config = Config {
-        listen: "127.0.0.1:0".into(),
-        admin_listen: "127.0.0.1:0".into(),
-        ..Config::default()
-    };
-    for route in &mut config.routes {
-        route.upstream = upstream.base_url();
+        .unwrap()
+}
+
+/// An in-process sluice whose routes all go to `upstream`.
+struct Running {
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts sluice on `runtime`, with `tweak` applied to its config.
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        upstream: &str,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Running {
+        let mut config = Config {
+            listen: "127.0.0.1:0".into(),
+            admin_listen: "127.0.0.1:0".into(),
+            ..Config::default()
+        };
+        for route in &mut config.routes {
+            route.upstream = upstream.to_string();
+        }
+        tweak(&mut config);
+        let server = runtime.block_on(Server::bind(config)).unwrap();
+        let url = format!("http://{}", server.proxy_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = runtime.spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        Running { url, stop, serving }
     }
-    let server = runtime.block_on(Server::bind(config)).unwrap();
-    let proxy = server.proxy_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = runtime.spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
+
+    fn stop(self, runtime: &tokio::runtime::Runtime) {
+        let _ = self.stop.send(());
+        let _ = runtime.block_on(self.serving);
+    }
+}
+
+fn round_trip(c: &mut Criterion) {
+    let upstream = mock::MockUpstream::start();
+    upstream.record(false);
+    let runtime = client_runtime();
+    let sluice = Running::start(&runtime, &upstream.base_url(), |_| {});
     let client = reqwest::Client::new();
     let mut group = c.benchmark_group("round_trip");
     for (name, body) in [
@@ -170,7 +200,7 @@ fn round_trip(c: &mut Criterion) {
     ] {
         for (target, base) in [
             ("direct", upstream.base_url()),
-            ("sluice", format!("http://{proxy}")),
+            ("sluice", sluice.url.clone()),
         ] {
             let url = format!("{base}/v1/chat/completions");
             group.bench_function(BenchmarkId::new(target, name), |b| {
@@ -182,8 +212,7 @@ fn round_trip(c: &mut Criterion) {
         }
     }
     group.finish();
-    let _ = stop.send(());
-    let _ = runtime.block_on(serving);
+    sluice.stop(&runtime);
 }
 
 /// A streamed chat request whose last tool result is spilled (it holds a cursor).
@@ -202,42 +231,28 @@ fn streamed_with_cursor() -> Bytes {
 }
 
 fn first_byte(c: &mut Criterion) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let upstream = mock::MockUpstream::start();
     upstream.record(false);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = client_runtime();
     let dir = tempfile::tempdir().unwrap();
-    let mut proxies = Vec::new();
-    let mut stops = Vec::new();
-    for (name, steps) in [("sluice_read_tool", 4), ("sluice_tool_off", 0)] {
-        let mut config = Config {
-            listen: "127.0.0.1:0".into(),
-            admin_listen: "127.0.0.1:0".into(),
-            ..Config::default()
-        };
-        config.store.data_dir = dir.path().join(name);
-        for route in &mut config.routes {
-            route.upstream = upstream.base_url();
-            route.max_read_steps = steps;
-        }
-        let server = runtime.block_on(Server::bind(config)).unwrap();
-        proxies.push((name, format!("http://{}", server.proxy_addr().unwrap())));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        stops.push((
-            stop,
-            runtime.spawn(server.run(async move {
-                let _ = stopped.await;
-            })),
-        ));
-    }
+    let proxies: Vec<(&str, Running)> = [("sluice_read_tool", 4), ("sluice_tool_off", 0)]
+        .into_iter()
+        .map(|(name, steps)| {
+            let sluice = Running::start(&runtime, &upstream.base_url(), |config| {
+                config.store.data_dir = dir.path().join(name);
+                for route in &mut config.routes {
+                    route.max_read_steps = steps;
+                }
+            });
+            (name, sluice)
+        })
+        .collect();
     let client = reqwest::Client::new();
     let body = streamed_with_cursor();
     let mut group = c.benchmark_group("first_byte");
-    let targets = [("direct", upstream.base_url())].into_iter().chain(proxies);
+    let targets = [("direct", upstream.base_url())]
+        .into_iter()
+        .chain(proxies.iter().map(|(name, p)| (*name, p.url.clone())));
     for (target, base) in targets {
         let url = format!("{base}/v1/chat/completions");
         group.bench_function(BenchmarkId::new(target, "streamed_with_cursor"), |b| {
@@ -259,9 +274,8 @@ fn first_byte(c: &mut Criterion) {
         });
     }
     group.finish();
-    for (stop, serving) in stops {
-        let _ = stop.send(());
-        let _ = runtime.block_on(serving);
+    for (_, sluice) in proxies {
+        sluice.stop(&runtime);
     }
 }
 

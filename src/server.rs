@@ -541,24 +541,6 @@ impl App {
         }
     }
 
-    /// The session's read-round links with their stored replacement items; a link whose
-    /// artifact is gone is left out (its turn then shows as the client received it).
-    async fn link_contents(
-        &self,
-        tenant: &Tenant,
-        state: &SessionState,
-    ) -> Vec<(read::Link, Vec<u8>)> {
-        let mut out = Vec::new();
-        for link in read::Link::all(state) {
-            match self.artifacts.get(tenant, &link.artifact).await {
-                Ok(Some(bytes)) => out.push((link, bytes.to_vec())),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot read hidden read rounds"),
-            }
-        }
-        out
-    }
-
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let start = Instant::now();
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -687,11 +669,21 @@ impl App {
                     .load_session(&parts.headers, &tenant, &view, route, ctx)
                     .await;
             }
-            let links = self.link_contents(&tenant, &state).await;
+            let links = read::Link::all(&state);
             if !links.is_empty() {
                 if let Some(shape) = read::Shape::read(dialect, &body) {
                     let text = std::str::from_utf8(&body).unwrap_or_default();
-                    projection.edits.extend(read::splices(&shape, text, &links));
+                    // Only the links found in this history have their rounds read.
+                    for m in read::matches(&shape, &links) {
+                        match self.artifacts.get(&tenant, &m.link.artifact).await {
+                            Ok(Some(content)) => projection
+                                .edits
+                                .extend(read::splice_edits(&shape, text, &m, &content)),
+                            // Expired: that turn shows as the client received it.
+                            Ok(None) => {}
+                            Err(e) => tracing::warn!(error = %e, "cannot read hidden read rounds"),
+                        }
+                    }
                 }
             }
         }

@@ -323,71 +323,97 @@ fn is_model_item(raw: &serde_json::value::RawValue) -> bool {
     })
 }
 
-/// The edits that put each linked round back at its place in `shape`'s history (C3):
-/// `links` pairs each link with its artifact content. Only the model's items are parsed, and the
-/// item before them only where they match a link.
-pub fn splices(shape: &Shape<'_>, body: &str, links: &[(Link, Vec<u8>)]) -> Vec<Edit> {
+/// Where a link's round goes back in a history: items `start..end` are what the client
+/// received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Match {
+    pub link: Link,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// The places in `shape`'s history where the client shows what it received of a linked round
+/// (C3). Only the model's items are parsed, each at most once, and the item before them only
+/// where they match a link; no link's artifact is needed to find them.
+pub fn matches(shape: &Shape<'_>, links: &[Link]) -> Vec<Match> {
     let Some((_, history)) = shape.history() else {
         return Vec::new();
     };
-    let parse = |i: usize| serde_json::from_str::<Value>(history[i].get()).ok();
-    let mut edits = Vec::new();
+    let mut parsed: Vec<Option<Option<Value>>> = vec![None; history.len()];
+    let mut parse = |i: usize| -> Option<Value> {
+        parsed[i]
+            .get_or_insert_with(|| serde_json::from_str(history[i].get()).ok())
+            .clone()
+    };
+    let mut found = Vec::new();
     let mut taken_until = 0;
     for start in 0..history.len() {
         if start < taken_until || !is_model_item(history[start]) {
             continue;
         }
         let mut before: Option<Option<u64>> = None;
-        for (link, content) in links {
+        for link in links {
             let end = start + link.items;
             if end > history.len() {
                 continue;
             }
-            let items: Option<Vec<Value>> = (start..end).map(parse).collect();
-            let Some(items) = items else { continue };
+            let Some(items) = (start..end).map(&mut parse).collect::<Option<Vec<Value>>>() else {
+                continue;
+            };
             if items_hash(&items) != link.fingerprint as u64 {
                 continue;
             }
-            let before_hash = *before.get_or_insert_with(|| {
-                let item = start.checked_sub(1).map(parse);
-                match item {
-                    Some(None) => None,
-                    Some(Some(v)) => Some(before_hash(Some(&v))),
-                    None => Some(before_hash(None)),
-                }
+            let before_hash = *before.get_or_insert_with(|| match start.checked_sub(1) {
+                Some(i) => parse(i).map(|v| before_hash(Some(&v))),
+                None => Some(before_hash(None)),
             });
             if before_hash != Some((link.fingerprint >> 64) as u64) {
                 continue;
             }
-            let Some(zero) = content.iter().position(|b| *b == 0) else {
-                continue;
-            };
-            let (Ok(replacement), Ok(prefix)) = (
-                std::str::from_utf8(&content[..zero]),
-                std::str::from_utf8(&content[zero + 1..]),
-            ) else {
-                continue;
-            };
-            let first = crate::dialect::span_of(body, history[start]);
-            let last = crate::dialect::span_of(body, history[end - 1]);
-            edits.push(Edit {
-                span: Span {
-                    start: first.start,
-                    end: last.end,
-                },
-                with: replacement.to_string().into(),
+            found.push(Match {
+                link: link.clone(),
+                start,
+                end,
             });
-            if !prefix.is_empty() {
-                if let Some(edit) = history
-                    .get(end)
-                    .and_then(|next| prefix_content(body, next, prefix))
-                {
-                    edits.push(edit);
-                }
-            }
             taken_until = end;
             break;
         }
+    }
+    found
+}
+
+/// The edits that put a matched round back: its stored items in place of what the client
+/// received, and (Anthropic, mixed calls) the stored blocks first in the next message.
+pub fn splice_edits(shape: &Shape<'_>, body: &str, m: &Match, content: &[u8]) -> Vec<Edit> {
+    let Some((_, history)) = shape.history() else {
+        return Vec::new();
+    };
+    let Some(zero) = content.iter().position(|b| *b == 0) else {
+        return Vec::new();
+    };
+    let (Ok(replacement), Ok(prefix)) = (
+        std::str::from_utf8(&content[..zero]),
+        std::str::from_utf8(&content[zero + 1..]),
+    ) else {
+        return Vec::new();
+    };
+    let (Some(first), Some(last)) = (history.get(m.start), history.get(m.end.wrapping_sub(1)))
+    else {
+        return Vec::new();
+    };
+    let mut edits = vec![Edit {
+        span: Span {
+            start: crate::dialect::span_of(body, first).start,
+            end: crate::dialect::span_of(body, last).end,
+        },
+        with: replacement.to_string().into(),
+    }];
+    if !prefix.is_empty() {
+        edits.extend(
+            history
+                .get(m.end)
+                .and_then(|next| prefix_content(body, next, prefix)),
+        );
     }
     edits
 }

@@ -129,11 +129,6 @@ impl<'a> Shape<'a> {
             .collect()
     }
 
-    /// Whether the client sent tools of its own.
-    pub fn has_client_tools(&self) -> bool {
-        self.tools.as_ref().is_some_and(|(_, t)| !t.is_empty())
-    }
-
     /// Adds `definition` as the last tool (C1).
     pub fn add_tool(&self, definition: &str) -> Edit {
         match &self.tools {

@@ -330,8 +330,7 @@ impl Stitcher {
         if chunk.get("usage").is_some_and(|u| !u.is_null()) {
             self.round.usage = chunk.get("usage").cloned();
         }
-        let choices = chunk["choices"].as_array().cloned().unwrap_or_default();
-        let Some(choice) = choices.first() else {
+        let Some(choice) = chunk["choices"].get(0).cloned() else {
             // The usage chunk closes the round.
             self.round.closing.push((None, chunk));
             return None;

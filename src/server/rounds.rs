@@ -209,7 +209,7 @@ impl App {
         inflight: InFlight,
     ) -> Response<Body> {
         let status = started.status;
-        let mut headers = upstream::response_headers(started.headers.clone());
+        let mut headers = upstream::response_headers(std::mem::take(&mut started.headers));
         headers.remove(header::CONTENT_LENGTH);
         let mut stitch = Stitcher::new(job.dialect, &job.tool);
         let first = match started.next_chunk().await {
