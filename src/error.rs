@@ -14,6 +14,10 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body")]
     ClientBody,
+    #[error("the request body's content-encoding {0:?} is not supported (gzip, deflate, br, zstd or identity)")]
+    UnsupportedEncoding(String),
+    #[error("the request body cannot be decoded: {0}")]
+    BadEncoding(String),
     #[error("no route for dialect {dialect} and model {model:?}")]
     NoRoute {
         dialect: &'static str,
@@ -36,10 +40,12 @@ pub enum GatewayError {
 impl GatewayError {
     /// Every value `kind` returns, so the error counter starts at zero for each (alert rules
     /// then see a series before the first error).
-    pub const KINDS: [&'static str; 10] = [
+    pub const KINDS: [&'static str; 12] = [
         "bad_json",
         "body_too_large",
         "client_body",
+        "unsupported_encoding",
+        "bad_encoding",
         "no_route",
         "not_found",
         "upstream_unreachable",
@@ -55,6 +61,8 @@ impl GatewayError {
             GatewayError::BadJson(_) => "bad_json",
             GatewayError::BodyTooLarge { .. } => "body_too_large",
             GatewayError::ClientBody => "client_body",
+            GatewayError::UnsupportedEncoding(_) => "unsupported_encoding",
+            GatewayError::BadEncoding(_) => "bad_encoding",
             GatewayError::NoRoute { .. } => "no_route",
             GatewayError::NotFound(_) => "not_found",
             GatewayError::UpstreamUnreachable => "upstream_unreachable",
@@ -67,9 +75,11 @@ impl GatewayError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::BadJson(_) | GatewayError::ClientBody | GatewayError::BadCursor => {
-                StatusCode::BAD_REQUEST
-            }
+            GatewayError::BadJson(_)
+            | GatewayError::ClientBody
+            | GatewayError::BadEncoding(_)
+            | GatewayError::BadCursor => StatusCode::BAD_REQUEST,
+            GatewayError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoRoute { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -85,6 +95,9 @@ impl GatewayError {
         let (openai_type, anthropic_type) = match self.status() {
             StatusCode::BAD_REQUEST => ("invalid_request_error", "invalid_request_error"),
             StatusCode::PAYLOAD_TOO_LARGE => ("invalid_request_error", "request_too_large"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                ("invalid_request_error", "invalid_request_error")
+            }
             StatusCode::NOT_FOUND => ("not_found_error", "not_found_error"),
             StatusCode::GATEWAY_TIMEOUT => ("timeout_error", "api_error"),
             _ => ("api_error", "api_error"),
@@ -108,6 +121,8 @@ mod tests {
             (GatewayError::BadJson("x".into()), 400),
             (GatewayError::BodyTooLarge { limit: 1 }, 413),
             (GatewayError::ClientBody, 400),
+            (GatewayError::UnsupportedEncoding("compress".into()), 415),
+            (GatewayError::BadEncoding("cut".into()), 400),
             (
                 GatewayError::NoRoute {
                     dialect: "openai-chat",

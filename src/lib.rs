@@ -16,12 +16,14 @@
 //! - [`tenant`]: who calls, as a fingerprint of the credential.
 //! - [`route`]: dialect + model glob → upstream.
 //! - [`upstream`]: pooled client, header policy, streamed relay.
+//! - [`encoding`]: content codings sluice decodes (compressed request and response bodies).
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
 //! - [`metrics`]: every Prometheus metric.
 
 pub mod attach;
 pub mod config;
 pub mod dialect;
+pub mod encoding;
 pub mod error;
 pub mod exit;
 pub mod image;

@@ -503,6 +503,40 @@ fn data_url(e: &Embedded) -> String {
     format!("data:{};base64,{}", e.mime, e.base64)
 }
 
+/// What an image part shows: bytes sluice embeds, or a URL passed on.
+enum Image<'a> {
+    Data(&'a Embedded),
+    Url(&'a str),
+}
+
+/// An image part in the dialect's shape, with the fields the client sent on its own part
+/// (`detail`, `cache_control`, …) written back (P2).
+fn image_part(dialect: Dialect, image: &Image<'_>, extras: Option<&attach::Extras>) -> String {
+    let (outer, inner) = extras.map_or(("", ""), |x| (x.outer.as_str(), x.inner.as_str()));
+    let url = |image: &Image<'_>| match image {
+        Image::Data(em) => json_string(&data_url(em)),
+        Image::Url(url) => json_string(url),
+    };
+    match (dialect, image) {
+        (Dialect::AnthropicMessages, Image::Data(em)) => format!(
+            r#"{{"type":"image","source":{{"type":"base64","media_type":"{}","data":"{}"}}{outer}}}"#,
+            em.mime, em.base64
+        ),
+        (Dialect::AnthropicMessages, Image::Url(_)) => format!(
+            r#"{{"type":"image","source":{{"type":"url","url":{}}}{outer}}}"#,
+            url(image)
+        ),
+        (Dialect::OpenAiResponses, _) => format!(
+            r#"{{"type":"input_image","image_url":{}{outer}}}"#,
+            url(image)
+        ),
+        (Dialect::OpenAiChat, _) => format!(
+            r#"{{"type":"image_url","image_url":{{"url":{}{inner}}}{outer}}}"#,
+            url(image)
+        ),
+    }
+}
+
 /// A tool result's new content: its text, then its shown images where the dialect allows images
 /// in tool results, then its other parts. For OpenAI chat, the images come back separately, to
 /// go in a user message after the turn.
@@ -516,48 +550,19 @@ fn render_tool_content(
     let text_json = json_string(text);
     let mut parts: Vec<String> = Vec::new();
     let mut chat_parts: Vec<String> = Vec::new();
-    let (text_type, image_part): (&str, fn(&Embedded) -> String) = match dialect {
-        Dialect::AnthropicMessages => ("text", |em| {
-            format!(
-                r#"{{"type":"image","source":{{"type":"base64","media_type":"{}","data":"{}"}}}}"#,
-                em.mime, em.base64
-            )
-        }),
-        Dialect::OpenAiResponses => ("input_text", |em| {
-            format!(
-                r#"{{"type":"input_image","image_url":{}}}"#,
-                json_string(&data_url(em))
-            )
-        }),
-        Dialect::OpenAiChat => ("text", |em| {
-            format!(
-                r#"{{"type":"image_url","image_url":{{"url":{}}}}}"#,
-                json_string(&data_url(em))
-            )
-        }),
+    let text_type = if dialect == Dialect::OpenAiResponses {
+        "input_text"
+    } else {
+        "text"
     };
     parts.push(format!(r#"{{"type":"{text_type}","text":{text_json}}}"#));
     for (item, outcome) in e.items.iter().zip(outcomes) {
-        let part = match (outcome, &item.media) {
-            (Outcome::Embed(em), _) => image_part(em),
-            (Outcome::KeepRemote, Media::Remote(url)) => match dialect {
-                Dialect::AnthropicMessages => format!(
-                    r#"{{"type":"image","source":{{"type":"url","url":{}}}}}"#,
-                    json_string(url)
-                ),
-                Dialect::OpenAiResponses => {
-                    format!(
-                        r#"{{"type":"input_image","image_url":{}}}"#,
-                        json_string(url)
-                    )
-                }
-                Dialect::OpenAiChat => format!(
-                    r#"{{"type":"image_url","image_url":{{"url":{}}}}}"#,
-                    json_string(url)
-                ),
-            },
+        let image = match (outcome, &item.media) {
+            (Outcome::Embed(em), _) => Image::Data(em),
+            (Outcome::KeepRemote, Media::Remote(url)) => Image::Url(url),
             _ => continue,
         };
+        let part = image_part(dialect, &image, item.extras.as_deref());
         if dialect == Dialect::OpenAiChat {
             chat_parts.push(format!(
                 r#"{{"type":"text","text":{}}}"#,
@@ -603,17 +608,30 @@ fn render_user_part(
         Outcome::Embed(em) => {
             // Rewrite the part with the right label (and the smaller bytes), keeping its other
             // fields (`detail`, `cache_control`).
-            let mut value: serde_json::Value = serde_json::from_str(part_raw.get()).ok()?;
+            let mut part: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(part_raw.get()).ok()?;
             match dialect {
                 Dialect::AnthropicMessages => {
-                    value["source"] = serde_json::json!({
+                    let source = serde_json::json!({
                         "type": "base64", "media_type": em.mime, "data": &*em.base64
                     });
+                    part.insert("source".into(), source);
                 }
-                Dialect::OpenAiResponses => value["image_url"] = data_url(em).into(),
-                Dialect::OpenAiChat => value["image_url"]["url"] = data_url(em).into(),
+                Dialect::OpenAiResponses => {
+                    part.insert("image_url".into(), data_url(em).into());
+                }
+                // `image_url` is an object in chat; a client's bare string becomes one.
+                Dialect::OpenAiChat => match part.get_mut("image_url") {
+                    Some(serde_json::Value::Object(url)) => {
+                        url.insert("url".into(), data_url(em).into());
+                    }
+                    _ => {
+                        let url = serde_json::json!({ "url": data_url(em) });
+                        part.insert("image_url".into(), url);
+                    }
+                },
             }
-            Some(value.to_string())
+            Some(serde_json::Value::Object(part).to_string())
         }
         other => {
             let text = attach::note(item, other).unwrap_or_else(|| item.reference());

@@ -36,6 +36,7 @@ use crate::config::Config;
 use crate::config::StoreBackend;
 use crate::dialect::completion::Completion;
 use crate::dialect::{Dialect, Family};
+use crate::encoding::{Coding, DecodeError, Decoder};
 use crate::error::GatewayError;
 use crate::exit::cursor::{Cursor, CursorError};
 use crate::exit::text::Lines;
@@ -566,6 +567,11 @@ impl App {
             self.sluice_endpoint(&req, &ctx).await
         } else if path.starts_with("/v1/") {
             self.pass_through(req, &mut ctx, inflight).await
+        } else if path == "/" && matches!(*req.method(), Method::GET | Method::HEAD) {
+            // Clients check the base URL answers before they start (Claude Code: `HEAD /`).
+            drop(inflight);
+            ctx.dialect = "sluice";
+            Ok(plain(StatusCode::OK, "text/plain", Bytes::from("sluice\n")))
         } else {
             drop(inflight);
             Err(GatewayError::NotFound(path.to_string()))
@@ -600,9 +606,16 @@ impl App {
         ctx: &mut Context,
         inflight: InFlight,
     ) -> Result<Response<Body>, GatewayError> {
-        let (parts, incoming) = req.into_parts();
+        let (mut parts, incoming) = req.into_parts();
         let tenant = Tenant::from_headers(&parts.headers);
-        let body = read_body(incoming, &parts.headers, self.config.max_body_bytes).await?;
+        let coding = Coding::of(&parts.headers).map_err(GatewayError::UnsupportedEncoding)?;
+        let limit = self.config.max_body_bytes;
+        let mut body = read_body(incoming, &parts.headers, limit).await?;
+        if coding != Coding::Identity {
+            // Projection reads the decoded body, and what is forwarded goes out uncompressed.
+            body = decode_body(body, coding, limit).await?;
+            parts.headers.remove(http::header::CONTENT_ENCODING);
+        }
         let read_at = Instant::now();
         let view = dialect
             .read_view(&body)
@@ -758,7 +771,13 @@ impl App {
             GatewayError::Internal
         })?;
         let url = route.url(&parts.uri);
-        let headers = upstream::request_headers(parts.headers, route, ctx.family);
+        let mut headers = upstream::request_headers(parts.headers, route, ctx.family);
+        // sluice reads this response (the completion watch, the read rounds): the upstream may
+        // compress it only in a coding sluice decodes.
+        match crate::encoding::decodable_accept(&headers) {
+            Some(accept) => headers.insert(http::header::ACCEPT_ENCODING, accept),
+            None => headers.remove(http::header::ACCEPT_ENCODING),
+        };
         let job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
             dialect,
             tool,
@@ -801,7 +820,9 @@ impl App {
             HeaderValue::from_str(&projection.summary.header_value())
         };
         if let Some(job) = job {
-            let mut response = self.read_rounds(job, started, ctx, inflight, start).await;
+            let mut response = self
+                .read_rounds(job, started, ctx, inflight, start, before_send)
+                .await;
             if let Ok(value) = summary {
                 response.headers_mut().insert(PROJECTION, value);
             }
@@ -863,8 +884,7 @@ impl App {
         let status = started.status;
         let event_stream = started.is_event_stream();
         let watch = watch.filter(|_| event_stream);
-        let (sessions, commits) = (self.sessions.clone(), self.commits.clone());
-        let commit_metrics = self.metrics.clone();
+        let (shared, commits) = (self.shared.clone(), self.commits.clone());
         let headers = upstream::response_headers(std::mem::take(&mut started.headers));
         let metrics = self.metrics.clone();
         let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
@@ -872,38 +892,11 @@ impl App {
             drop(inflight);
             // A9: state changes count only when the response completed.
             if let Some((session, delta)) = commit {
-                let pruned = delta
-                    .records
-                    .values()
-                    .filter(|r| r.status == crate::attach::state::Status::Pruned)
-                    .count() as u64;
-                let outcome = if end.complete {
-                    "committed"
-                } else {
-                    "discarded"
-                };
                 if end.complete {
-                    let metrics = commit_metrics.clone();
-                    commits.spawn(async move {
-                        let started = Instant::now();
-                        let result = sessions.commit(&session, &delta).await;
-                        metrics
-                            .store_seconds
-                            .with_label_values(&[sessions.backend(), "commit"])
-                            .observe(started.elapsed().as_secs_f64());
-                        match result {
-                            Ok(()) => metrics.images_pruned_total.inc_by(pruned),
-                            Err(e) => {
-                                metrics.commits_total.with_label_values(&["failed"]).inc();
-                                tracing::error!(error = %e, "cannot commit delivery state");
-                            }
-                        }
-                    });
+                    commits.spawn(async move { shared.commit(&session, &delta).await });
+                } else {
+                    shared.discarded();
                 }
-                commit_metrics
-                    .commits_total
-                    .with_label_values(&[outcome])
-                    .inc();
             }
             if event_stream {
                 metrics
@@ -1023,6 +1016,45 @@ impl App {
 }
 
 impl Shared {
+    /// Writes the delivery-state delta of a request whose response completed (A9), and
+    /// records how it went: `committed` (with the images it pruned) or `failed`.
+    async fn commit(&self, session: &SessionKey, delta: &Delta) {
+        let pruned = delta
+            .records
+            .values()
+            .filter(|r| r.status == crate::attach::state::Status::Pruned)
+            .count() as u64;
+        let started = Instant::now();
+        let result = self.sessions.commit(session, delta).await;
+        self.metrics
+            .store_seconds
+            .with_label_values(&[self.sessions.backend(), "commit"])
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = match result {
+            Ok(()) => {
+                self.metrics.images_pruned_total.inc_by(pruned);
+                "committed"
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot commit delivery state");
+                "failed"
+            }
+        };
+        self.metrics
+            .commits_total
+            .with_label_values(&[outcome])
+            .inc();
+    }
+
+    /// Counts a delta that is not committed because its response did not complete (A9).
+    fn discarded(&self) {
+        tracing::info!("response did not complete; its delivery-state changes are not committed");
+        self.metrics
+            .commits_total
+            .with_label_values(&["discarded"])
+            .inc();
+    }
+
     /// Checks the store can be written, and records the answer in `sluice_store_up`.
     async fn check_store(&self) -> Result<(), crate::store::StoreError> {
         let checked = self.artifacts.check().await;
@@ -1111,6 +1143,34 @@ async fn read_body(
         1 => chunks.swap_remove(0),
         _ => Bytes::from(chunks.concat()),
     })
+}
+
+/// Decodes a compressed request body off the I/O thread, refusing it as soon as its decoded
+/// size passes `limit` (a bomb costs at most `limit` bytes of memory and the CPU to get there).
+async fn decode_body(body: Bytes, coding: Coding, limit: u64) -> Result<Bytes, GatewayError> {
+    let decoded = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit as usize));
+        let mut sink = |piece: &[u8]| {
+            if (out.len() + piece.len()) as u64 > limit {
+                return Err(GatewayError::BodyTooLarge { limit });
+            }
+            out.extend_from_slice(piece);
+            Ok(())
+        };
+        let Some(mut decoder) = Decoder::new(coding) else {
+            return Ok(body);
+        };
+        decoder
+            .feed(&body, &mut sink)
+            .and_then(|()| decoder.finish(&mut sink))
+            .map_err(|e| match e {
+                DecodeError::Sink(too_large) => too_large,
+                other => GatewayError::BadEncoding(other.to_string()),
+            })?;
+        Ok(Bytes::from(out))
+    })
+    .await;
+    decoded.map_err(|_| GatewayError::Internal)?
 }
 
 /// Bytes of a refused body still read (and dropped) so the client finishes sending and can read

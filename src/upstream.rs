@@ -14,6 +14,7 @@ use http_body::Frame;
 use crate::config::UpstreamConfig;
 use crate::dialect::completion::Completion;
 use crate::dialect::Family;
+use crate::encoding::{Coding, DecodeError, Decoder};
 use crate::error::GatewayError;
 use crate::metrics::StreamOutcome;
 use crate::route::Route;
@@ -88,6 +89,10 @@ impl Upstream {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok());
+        let (decoder, undecodable) = match Coding::of(&headers) {
+            Ok(coding) => (Decoder::new(coding), None),
+            Err(named) => (None, Some(named)),
+        };
         Ok(Started {
             status,
             headers,
@@ -95,6 +100,8 @@ impl Upstream {
             first,
             rest: Box::pin(body),
             idle: self.idle,
+            decoder,
+            undecodable,
         })
     }
 }
@@ -120,7 +127,15 @@ pub struct Started {
     first: Option<Bytes>,
     rest: ChunkStream,
     idle: Duration,
+    /// Decodes the body's content coding for the bytes sluice reads itself; `None` for
+    /// identity.
+    decoder: Option<Decoder>,
+    /// The `content-encoding` the upstream named when sluice cannot decode it.
+    undecodable: Option<String>,
 }
+
+/// Decoded bytes one upstream chunk may inflate to before the body counts as too large.
+const MAX_DECODED_CHUNK_BYTES: usize = 64 * 1024 * 1024;
 
 /// What the relay reports when a body has ended.
 pub struct RelayEnd {
@@ -141,9 +156,20 @@ impl Started {
             .is_some_and(|v| v.starts_with("text/event-stream"))
     }
 
-    /// The next body chunk, for callers that read the body themselves (the read tool's rounds);
-    /// `Ok(None)` at the end. Fails on an upstream error or past the idle timeout.
-    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, BoxError> {
+    /// The response headers for a client that gets the body as [`Started::next_chunk`] reads
+    /// it: hop-by-hop headers removed, and, when that body is decoded, the content coding and
+    /// length that no longer describe it.
+    pub fn decoded_headers(&mut self) -> HeaderMap {
+        let mut headers = response_headers(std::mem::take(&mut self.headers));
+        if self.decoder.is_some() {
+            headers.remove(header::CONTENT_ENCODING);
+            headers.remove(header::CONTENT_LENGTH);
+        }
+        headers
+    }
+
+    /// The next body chunk as the upstream sent it.
+    async fn next_raw(&mut self) -> Result<Option<Bytes>, BoxError> {
         if let Some(first) = self.first.take() {
             return Ok(Some(first));
         }
@@ -152,6 +178,47 @@ impl Started {
             Ok(None) => Ok(None),
             Ok(Some(Ok(chunk))) => Ok(Some(chunk)),
             Ok(Some(Err(e))) => Err(e.into()),
+        }
+    }
+
+    /// The next body chunk, decoded from the upstream's content coding, for callers that read
+    /// the body themselves (the read tool's rounds); `Ok(None)` at the end. Fails on an
+    /// upstream error, past the idle timeout, or on a body sluice cannot decode.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, BoxError> {
+        if let Some(named) = &self.undecodable {
+            return Err(format!(
+                "the upstream answered in content-encoding {named:?}, which sluice cannot decode"
+            )
+            .into());
+        }
+        loop {
+            let raw = self.next_raw().await?;
+            let Some(decoder) = &mut self.decoder else {
+                return Ok(raw);
+            };
+            let mut out = bytes::BytesMut::new();
+            let mut sink = |piece: &[u8]| {
+                if out.len() + piece.len() > MAX_DECODED_CHUNK_BYTES {
+                    return Err("upstream response too large once decoded");
+                }
+                out.extend_from_slice(piece);
+                Ok(())
+            };
+            let decoded = match &raw {
+                Some(chunk) => decoder.feed(chunk, &mut sink),
+                None => decoder.finish(&mut sink),
+            };
+            decoded.map_err(|e| -> BoxError {
+                match e {
+                    DecodeError::Sink(message) => message.into(),
+                    other => format!("upstream body: {other}").into(),
+                }
+            })?;
+            match raw {
+                None if out.is_empty() => return Ok(None),
+                _ if out.is_empty() => continue,
+                _ => return Ok(Some(out.freeze())),
+            }
         }
     }
 
@@ -172,11 +239,17 @@ impl Started {
     /// reads, so a slow client slows the upstream instead of filling memory. `on_end` runs once,
     /// when the body ended one way or another.
     /// `watch` follows an event stream for its dialect's final event.
-    pub fn relay<F>(self, watch: Option<Completion>, on_end: F) -> RelayBody
+    pub fn relay<F>(self, mut watch: Option<Completion>, on_end: F) -> RelayBody
     where
         F: FnOnce(RelayEnd) + Send + 'static,
     {
+        if let (Some(watch), Some(named)) = (&mut watch, &self.undecodable) {
+            // A body sluice cannot read cannot be seen to complete: nothing is committed.
+            tracing::warn!(content_encoding = %named, "cannot decode the upstream stream to watch for its end; its delivery state is not committed");
+            watch.fail();
+        }
         RelayBody {
+            decoder: self.decoder.filter(|_| watch.is_some()),
             success: self.status.is_success(),
             watch,
             first: self.first,
@@ -204,6 +277,8 @@ pub struct RelayBody {
     on_end: Option<OnEnd>,
     success: bool,
     watch: Option<Completion>,
+    /// Decodes the relayed bytes for `watch`; the client gets them as the upstream sent them.
+    decoder: Option<Decoder>,
 }
 
 impl RelayBody {
@@ -225,7 +300,22 @@ impl RelayBody {
     fn chunk(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.bytes += chunk.len() as u64;
         if let Some(watch) = &mut self.watch {
-            watch.feed(&chunk);
+            match &mut self.decoder {
+                None => watch.feed(&chunk),
+                // Until the final event: what follows it cannot change the outcome.
+                Some(decoder) if !watch.is_complete() => {
+                    let fed = decoder.feed(&chunk, &mut |piece| {
+                        watch.feed(piece);
+                        Ok::<(), std::convert::Infallible>(())
+                    });
+                    if let Err(e) = fed {
+                        tracing::warn!(error = %e, "cannot decode the upstream stream to watch for its end; its delivery state is not committed");
+                        watch.fail();
+                        self.decoder = None;
+                    }
+                }
+                Some(_) => {}
+            }
         }
         Poll::Ready(Some(Ok(Frame::data(chunk))))
     }
@@ -281,13 +371,16 @@ impl http_body::Body for RelayBody {
 }
 
 impl Drop for RelayBody {
-    /// Dropped before its end: the client went away, unless every announced byte was sent.
+    /// Dropped before its end: the client went away, unless every announced byte was sent or
+    /// the stream's final event had passed (a client may hang up right after it).
     fn drop(&mut self) {
-        let outcome = if self.first.is_none() && self.expected == Some(self.bytes) {
-            StreamOutcome::Completed
-        } else {
-            StreamOutcome::Cancelled
-        };
+        let final_event_sent = self.watch.as_ref().is_some_and(Completion::is_complete);
+        let outcome =
+            if self.first.is_none() && (self.expected == Some(self.bytes) || final_event_sent) {
+                StreamOutcome::Completed
+            } else {
+                StreamOutcome::Cancelled
+            };
         self.end(outcome);
     }
 }

@@ -223,18 +223,34 @@ async fn official_sdks_see_a_once_image_exactly_once() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
 async fn official_sdks_get_one_response_while_the_model_reads_on() {
-    let mock = MockUpstream::start();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("output.txt");
     std::fs::write(&file, tool_output(150_000)).unwrap();
-    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
-    let s = &sluice;
     let file = file.to_str().unwrap().to_string();
-    tokio::task::block_in_place(|| run_script(s, &["--read", &file]));
-    let m = sluice.metrics().await;
-    // 3 dialects x (non-streamed, streamed) x 3 pages.
-    assert_eq!(
-        metric(&m, "sluice_read_calls_total{outcome=\"page\"}"),
-        18.0
-    );
+    // Uncompressed, then with the provider compressing as the SDKs' Accept-Encoding allows.
+    for coding in [None, Some("gzip"), Some("deflate")] {
+        let mock = MockUpstream::start();
+        mock.compress(coding);
+        let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+        let s = &sluice;
+        tokio::task::block_in_place(|| run_script(s, &["--read", &file]));
+        let m = sluice.metrics().await;
+        // 3 dialects x (non-streamed, streamed) x 3 pages.
+        assert_eq!(
+            metric(&m, "sluice_read_calls_total{outcome=\"page\"}"),
+            18.0,
+            "{coding:?}"
+        );
+        if let Some(coding) = coding {
+            let accepts = |r: &common::mock::Recorded| {
+                r.headers
+                    .get("accept-encoding")
+                    .is_some_and(|v| v.to_str().unwrap().contains(coding))
+            };
+            assert!(
+                mock.requests().iter().all(accepts),
+                "the mock answered {coding}"
+            );
+        }
+    }
 }

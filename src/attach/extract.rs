@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{Item, Media};
+use super::{Extras, Item, Media};
 use crate::config::Lifetime;
 use crate::image::{check, decode_base64, Refusal};
 use crate::store::{ArtifactId, ArtifactKind};
@@ -92,10 +92,19 @@ impl Finder<'_> {
             id,
             lifetime,
             base64,
+            extras: None,
         };
         let reference = item.reference();
         self.items.push(item);
         reference
+    }
+
+    /// Remembers the fields of the native part the last image came in (P2: `detail` and the
+    /// like survive the rebuild).
+    fn keep_extras(&mut self, part: &RawValue) {
+        if let Some(item) = self.items.last_mut() {
+            item.extras = extras(part).map(Arc::new);
+        }
     }
 
     fn remote(&mut self, url: &str) -> String {
@@ -105,6 +114,7 @@ impl Finder<'_> {
             id: None,
             lifetime: None,
             base64: None,
+            extras: None,
         };
         let reference = item.reference();
         self.items.push(item);
@@ -300,8 +310,12 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                         ..
                     }) if k == "base64" => {
                         texts.push(finder.image(&data, media_type.as_deref(), lifetime));
+                        finder.keep_extras(part);
                     }
-                    Some(Source { url: Some(url), .. }) => texts.push(finder.remote(&url)),
+                    Some(Source { url: Some(url), .. }) => {
+                        texts.push(finder.remote(&url));
+                        finder.keep_extras(part);
+                    }
                     _ => out.others.push(part.get().to_string()),
                 },
                 Some("input_image" | "image_url") => {
@@ -309,8 +323,12 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                         Some(url) if url.starts_with("data:") => {
                             let (mime, data) = split_data_url(url);
                             texts.push(finder.image(data, mime, lifetime));
+                            finder.keep_extras(part);
                         }
-                        Some(url) => texts.push(finder.remote(url)),
+                        Some(url) => {
+                            texts.push(finder.remote(url));
+                            finder.keep_extras(part);
+                        }
                         None => out.others.push(part.get().to_string()),
                     }
                 }
@@ -328,6 +346,35 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
     }
     out.items = finder.items;
     Some(out)
+}
+
+/// A native image part's fields besides its type, its image (`source`, `image_url`'s URL) and
+/// sluice's lifetime hint (`_meta`, M5), in the order the client sent them; `None` when there
+/// are none (the common case, which then costs one scan of the part).
+fn extras(part: &RawValue) -> Option<Extras> {
+    type Fields<'a> = indexmap::IndexMap<Cow<'a, str>, &'a RawValue>;
+    let fields: Fields = serde_json::from_str(part.get()).ok()?;
+    let mut out = Extras::default();
+    let push = |to: &mut String, key: &str, value: &RawValue| {
+        to.push(',');
+        to.push_str(&Value::String(key.to_string()).to_string());
+        to.push(':');
+        to.push_str(value.get());
+    };
+    for (key, value) in &fields {
+        match key.as_ref() {
+            "type" | "source" | "_meta" => {}
+            "image_url" if value.get().starts_with('{') => {
+                let inner: Fields = serde_json::from_str(value.get()).ok()?;
+                for (k, v) in inner.iter().filter(|(k, _)| k.as_ref() != "url") {
+                    push(&mut out.inner, k, v);
+                }
+            }
+            "image_url" => {}
+            other => push(&mut out.outer, other, value),
+        }
+    }
+    (!out.outer.is_empty() || !out.inner.is_empty()).then_some(out)
 }
 
 /// `data:<mime>;base64,<data>` → (mime, data). Anything else: no mime, and the whole string as

@@ -40,6 +40,17 @@ pub struct Item {
     pub lifetime: Option<Lifetime>,
     /// The base64 text the image came as, to embed it again without re-encoding.
     pub base64: Option<Arc<str>>,
+    /// The client's other fields on a native image part, written back on the rebuilt part.
+    pub extras: Option<Arc<Extras>>,
+}
+
+/// Fields a client sent on a native image part besides the image itself (`detail`,
+/// `cache_control`, …), as JSON fragments that each start with a comma: `outer` beside the
+/// part's `type`, `inner` inside chat's `image_url` object beside its `url` (P2).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extras {
+    pub outer: String,
+    pub inner: String,
 }
 
 impl Item {

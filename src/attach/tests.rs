@@ -142,6 +142,7 @@ fn image_item(k: usize, w: u32, h: u32) -> Item {
         id: None,
         lifetime: None,
         base64: None,
+        extras: None,
     }
 }
 
@@ -205,6 +206,7 @@ fn the_gate_turns_every_image_into_a_placeholder_a1() {
             id: None,
             lifetime: None,
             base64: None,
+            extras: None,
         },
     ];
     let mut l = limits();

@@ -73,6 +73,11 @@ impl Completion {
         }
     }
 
+    /// Stops the watch: the response will not count as complete (its bytes could not be read).
+    pub fn fail(&mut self) {
+        self.failed = true;
+    }
+
     /// Whether the final event has arrived (and nothing went wrong).
     pub fn is_complete(&self) -> bool {
         self.done && !self.failed

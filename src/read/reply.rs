@@ -186,6 +186,10 @@ fn is_read_call(dialect: Dialect, value: &Value, read: &str) -> bool {
 /// What the client is shown of `rounds`: everything but the read calls, as the history items
 /// it will send back (one assistant message for chat and Anthropic, the output items for
 /// Responses).
+/// Between the texts of two rounds in chat's one content string: the rounds read as the
+/// separate paragraphs they are (Anthropic and Responses keep them as separate blocks or items).
+pub const CHAT_ROUND_SEPARATOR: &str = "\n\n";
+
 pub fn visible(dialect: Dialect, rounds: &[Output], read: &str) -> Vec<Value> {
     match dialect {
         Dialect::OpenAiChat => {
@@ -193,7 +197,11 @@ pub fn visible(dialect: Dialect, rounds: &[Output], read: &str) -> Vec<Value> {
             let mut calls = Vec::new();
             for item in rounds.iter().flat_map(|r| &r.items) {
                 if let Some(t) = item["content"].as_str() {
-                    text.get_or_insert_with(String::new).push_str(t);
+                    let text = text.get_or_insert_with(String::new);
+                    if !text.is_empty() && !t.is_empty() {
+                        text.push_str(CHAT_ROUND_SEPARATOR);
+                    }
+                    text.push_str(t);
                 }
                 for call in item["tool_calls"].as_array().into_iter().flatten() {
                     if !is_read_call(dialect, call, read) {
@@ -286,7 +294,10 @@ mod tests {
         let last = parse(Dialect::OpenAiChat, &last_response);
         let rounds = [first, last];
         let out = merged(Dialect::OpenAiChat, last_response, &rounds, "sluice_read");
-        assert_eq!(out["choices"][0]["message"]["content"], "Reading. Done.");
+        assert_eq!(
+            out["choices"][0]["message"]["content"],
+            "Reading. \n\nDone."
+        );
         assert!(out["choices"][0]["message"].get("tool_calls").is_none());
         assert_eq!(out["usage"]["prompt_tokens"], 30);
         assert_eq!(out["usage"]["total_tokens"], 32);

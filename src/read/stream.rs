@@ -34,6 +34,8 @@ struct Round {
     closing_raw: Vec<u8>,
     /// The closing event arrived (the round completed).
     complete: bool,
+    /// chat: this round's text has begun reaching the client.
+    text_sent: bool,
 }
 
 /// Stitches the rounds of one streamed request into the client's stream.
@@ -55,6 +57,8 @@ pub struct Stitcher {
     touched: bool,
     /// A read call's events were held back in this stream.
     held: bool,
+    /// chat: an earlier round's text reached the client (the next round's text is set apart).
+    chat_text_shown: bool,
 }
 
 impl Stitcher {
@@ -71,6 +75,7 @@ impl Stitcher {
             failed: false,
             touched: false,
             held: false,
+            chat_text_shown: false,
         }
     }
 
@@ -155,6 +160,7 @@ impl Stitcher {
 
     /// Starts the next round: its events continue the client's stream.
     pub fn next_round(&mut self) {
+        self.chat_text_shown |= self.round.text_sent;
         self.round = Round::default();
         self.round_no += 1;
         self.buf.clear();
@@ -336,8 +342,16 @@ impl Stitcher {
             return None;
         };
         let mut delta = choice["delta"].clone();
-        if let Some(t) = delta["content"].as_str() {
-            self.round.text.get_or_insert_with(String::new).push_str(t);
+        if let Some(t) = delta["content"].as_str().map(str::to_string) {
+            self.round.text.get_or_insert_with(String::new).push_str(&t);
+            if !t.is_empty() {
+                if self.chat_text_shown && !self.round.text_sent {
+                    // As the merged response joins them (reply::visible).
+                    delta["content"] = format!("{}{t}", reply::CHAT_ROUND_SEPARATOR).into();
+                    self.touched = true;
+                }
+                self.round.text_sent = true;
+            }
         }
         if let Some(calls) = delta["tool_calls"].as_array().cloned() {
             let mut shown = Vec::new();

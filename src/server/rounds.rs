@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap};
@@ -23,9 +23,9 @@ use crate::projection::splice;
 use crate::read::reply::{self, Output};
 use crate::read::stream::Stitcher;
 use crate::read::{self, Call, Link, Shape};
-use crate::session::{SessionKey, SessionStore};
+use crate::session::SessionKey;
 use crate::tenant::Tenant;
-use crate::upstream::{self, BoxError, Started};
+use crate::upstream::{BoxError, Started};
 
 /// Largest non-streamed model response sluice reads to look for read calls.
 const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
@@ -105,12 +105,19 @@ impl App {
     /// Answers the model's read calls until it answers the client (see the module doc).
     pub(super) async fn read_rounds(
         self: &Arc<Self>,
-        mut job: Job,
+        job: Job,
         started: Started,
         ctx: &Context,
         inflight: InFlight,
         start: Instant,
+        before_send: Duration,
     ) -> Response<Body> {
+        let answered = Instant::now();
+        let overhead = |own: Duration| {
+            self.metrics
+                .overhead_seconds
+                .observe((before_send + own).as_secs_f64());
+        };
         if !started.status.is_success() {
             // The provider refused the first round: relayed as is; the delta is discarded there.
             let commit = job
@@ -118,31 +125,64 @@ impl App {
                 .clone()
                 .filter(|_| !job.delta.records.is_empty())
                 .map(|s| (s, job.delta.clone()));
-            return self.relay(started, ctx, inflight, start, None, commit);
+            let response = self.relay(started, ctx, inflight, start, None, commit);
+            overhead(answered.elapsed());
+            return response;
         }
-        job.headers.remove(header::ACCEPT_ENCODING);
         if started.is_event_stream() {
-            return self.read_stream(job, started, ctx, inflight).await;
+            let response = self.read_stream(job, started, ctx, inflight).await;
+            overhead(answered.elapsed());
+            return response;
         }
-        self.read_whole(job, started, ctx, inflight).await
+        let (response, waited) = self.read_whole(job, started, ctx, inflight).await;
+        // sluice's own time: the rounds' upstream waits are the provider's.
+        overhead(answered.elapsed().saturating_sub(waited));
+        tracing::debug!(
+            request_id = %ctx.request_id,
+            dialect = ctx.dialect,
+            route = %ctx.route,
+            status = response.status().as_u16(),
+            duration_ms = start.elapsed().as_secs_f64() * 1e3,
+            "request finished (read rounds, not streamed)"
+        );
+        response
     }
 
     /// Non-streamed rounds: the client gets the final response with every round's visible
-    /// output and the usage of all rounds.
+    /// output and the usage of all rounds. Also says how long it waited on the upstream.
     async fn read_whole(
+        self: &Arc<Self>,
+        job: Job,
+        started: Started,
+        ctx: &Context,
+        inflight: InFlight,
+    ) -> (Response<Body>, Duration) {
+        let mut waited = Duration::ZERO;
+        let response = self
+            .read_whole_timed(job, started, ctx, inflight, &mut waited)
+            .await;
+        (response, waited)
+    }
+
+    async fn read_whole_timed(
         self: &Arc<Self>,
         mut job: Job,
         mut started: Started,
         ctx: &Context,
         inflight: InFlight,
+        waited: &mut Duration,
     ) -> Response<Body> {
         let status = started.status;
-        let mut headers = upstream::response_headers(std::mem::take(&mut started.headers));
+        // The client gets the body sluice decoded (and may rewrite): no content coding.
+        let mut headers = started.decoded_headers();
         headers.remove(header::CONTENT_LENGTH);
         let mut rounds = Rounds::default();
         let mut body = job.body.clone();
         let (last, last_bytes) = loop {
-            let bytes = match started.collect(MAX_REPLY_BYTES).await {
+            let waiting = Instant::now();
+            let collected = started.collect(MAX_REPLY_BYTES).await;
+            *waited += waiting.elapsed();
+            let bytes = match collected {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::warn!(request_id = %ctx.request_id, error = %e, "read round: upstream body failed");
@@ -173,7 +213,10 @@ impl App {
                 break (value, bytes);
             };
             body = next;
-            started = match self.round(&job, &body).await {
+            let waiting = Instant::now();
+            let sent = self.round(&job, &body).await;
+            *waited += waiting.elapsed();
+            started = match sent {
                 Ok(next) if next.status.is_success() => next,
                 // A failed round: the client gets the upstream's error; nothing is committed.
                 Ok(failed) => {
@@ -209,7 +252,7 @@ impl App {
         inflight: InFlight,
     ) -> Response<Body> {
         let status = started.status;
-        let mut headers = upstream::response_headers(std::mem::take(&mut started.headers));
+        let mut headers = started.decoded_headers();
         headers.remove(header::CONTENT_LENGTH);
         let mut stitch = Stitcher::new(job.dialect, &job.tool);
         let first = match started.next_chunk().await {
@@ -387,10 +430,7 @@ impl App {
     /// Counts a delta that is not committed because the response did not complete (A9).
     fn discarded(&self, job: &Job) {
         if job.session.is_some() && !job.delta.records.is_empty() {
-            self.metrics
-                .commits_total
-                .with_label_values(&["discarded"])
-                .inc();
+            self.shared.discarded();
         }
     }
 
@@ -432,26 +472,9 @@ impl App {
                 }
             }
         }
-        if delta.records.is_empty() {
-            return;
+        if !delta.records.is_empty() {
+            self.shared.commit(session, &delta).await;
         }
-        let started = Instant::now();
-        let result = self.sessions.commit(session, &delta).await;
-        self.metrics
-            .store_seconds
-            .with_label_values(&[self.sessions.backend(), "commit"])
-            .observe(started.elapsed().as_secs_f64());
-        let outcome = match result {
-            Ok(()) => "committed",
-            Err(e) => {
-                tracing::error!(error = %e, "cannot commit delivery state");
-                "failed"
-            }
-        };
-        self.metrics
-            .commits_total
-            .with_label_values(&[outcome])
-            .inc();
     }
 }
 

@@ -70,6 +70,8 @@ struct State {
     recording: bool,
     recorded: Vec<Recorded>,
     script: VecDeque<Reply>,
+    /// The content coding the mock answers in when the request accepts it, as a provider does.
+    encoding: Option<&'static str>,
 }
 
 impl Default for State {
@@ -78,6 +80,7 @@ impl Default for State {
             recording: true,
             recorded: Vec::new(),
             script: VecDeque::new(),
+            encoding: None,
         }
     }
 }
@@ -138,6 +141,12 @@ impl MockUpstream {
         self.requests().pop().expect("the mock received no request")
     }
 
+    /// Answers in `coding` (`gzip`, `deflate`, `br`, `zstd`) whenever the request's
+    /// `Accept-Encoding` names it, streams flushed event by event; `None`: uncompressed.
+    pub fn compress(&self, coding: Option<&'static str>) {
+        self.state.lock().unwrap().encoding = coding;
+    }
+
     /// Lets a [`Reply::Gate`] stream go on.
     pub fn release(&self) {
         self.gate.notify_one();
@@ -187,6 +196,122 @@ async fn serve(
 }
 
 async fn answer(
+    req: Request<Incoming>,
+    state: Arc<Mutex<State>>,
+    gate: Arc<Notify>,
+) -> Response<Body> {
+    let accepted = req
+        .headers()
+        .get_all("accept-encoding")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.split(';').next().unwrap_or("").trim().to_string())
+        .collect::<Vec<_>>();
+    let coding = state
+        .lock()
+        .unwrap()
+        .encoding
+        .filter(|c| accepted.iter().any(|a| a == c));
+    let response = respond(req, state, gate).await;
+    match coding {
+        Some(coding) => compressed(response, coding),
+        None => response,
+    }
+}
+
+/// A content encoder whose output is taken after every flush, so a stream stays a stream.
+enum Packer {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Deflate(flate2::write::ZlibEncoder<Vec<u8>>),
+    Brotli(Box<brotli::CompressorWriter<Vec<u8>>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Packer {
+    fn new(coding: &str) -> Packer {
+        let level = flate2::Compression::default();
+        match coding {
+            "gzip" => Packer::Gzip(flate2::write::GzEncoder::new(Vec::new(), level)),
+            "deflate" => Packer::Deflate(flate2::write::ZlibEncoder::new(Vec::new(), level)),
+            "br" => Packer::Brotli(Box::new(brotli::CompressorWriter::new(
+                Vec::new(),
+                4096,
+                5,
+                22,
+            ))),
+            "zstd" => Packer::Zstd(zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap()),
+            other => panic!("the mock cannot encode {other}"),
+        }
+    }
+
+    fn chunk(&mut self, data: &[u8]) -> Bytes {
+        use std::io::Write;
+        let out = match self {
+            Packer::Gzip(e) => {
+                e.write_all(data).unwrap();
+                e.flush().unwrap();
+                e.get_mut()
+            }
+            Packer::Deflate(e) => {
+                e.write_all(data).unwrap();
+                e.flush().unwrap();
+                e.get_mut()
+            }
+            Packer::Brotli(e) => {
+                e.write_all(data).unwrap();
+                e.flush().unwrap();
+                e.get_mut()
+            }
+            Packer::Zstd(e) => {
+                e.write_all(data).unwrap();
+                e.flush().unwrap();
+                e.get_mut()
+            }
+        };
+        Bytes::from(std::mem::take(out))
+    }
+
+    fn finish(self) -> Bytes {
+        Bytes::from(match self {
+            Packer::Gzip(e) => e.finish().unwrap(),
+            Packer::Deflate(e) => e.finish().unwrap(),
+            Packer::Brotli(e) => e.into_inner(),
+            Packer::Zstd(e) => e.finish().unwrap(),
+        })
+    }
+}
+
+/// `response` with its body in `coding`, chunk for chunk.
+fn compressed(response: Response<Body>, coding: &'static str) -> Response<Body> {
+    let (mut parts, body) = response.into_parts();
+    parts
+        .headers
+        .insert("content-encoding", coding.parse().unwrap());
+    parts.headers.remove("content-length");
+    let frames = http_body_util::BodyStream::new(body);
+    let packed = stream::unfold(
+        (frames, Some(Packer::new(coding))),
+        |(mut frames, mut packer)| async move {
+            let p = packer.as_mut()?;
+            match frames.next().await {
+                Some(Ok(frame)) => {
+                    let data = frame.into_data().unwrap_or_default();
+                    let out = p.chunk(&data);
+                    Some((Ok(Frame::data(out)), (frames, packer)))
+                }
+                Some(Err(e)) => Some((Err(e), (frames, None))),
+                None => {
+                    let out = packer.take()?.finish();
+                    Some((Ok(Frame::data(out)), (frames, None)))
+                }
+            }
+        },
+    );
+    Response::from_parts(parts, BodyExt::boxed(StreamBody::new(packed)))
+}
+
+async fn respond(
     req: Request<Incoming>,
     state: Arc<Mutex<State>>,
     gate: Arc<Notify>,

@@ -199,6 +199,8 @@ def read_on(oa, an, output):
     hidden rounds in, so the mock sees three pages read and answers at once."""
     first = "mock:read=3 run the tests"
     want = "Reading on. Read 3 pages."
+    # chat has one content string: the rounds' texts are set apart as paragraphs.
+    want_chat = "Reading on. \n\nRead 3 pages."
     again = "Read 3 pages."
 
     chat = [
@@ -208,12 +210,12 @@ def read_on(oa, an, output):
         {"role": "tool", "tool_call_id": "call_1", "content": output},
     ]
     r = oa.chat.completions.create(model="gpt-4o", messages=chat)
-    expect(r.choices[0].message.content == want and not r.choices[0].message.tool_calls, "read: chat")
+    expect(r.choices[0].message.content == want_chat and not r.choices[0].message.tool_calls, "read: chat")
     expect(r.usage.prompt_tokens == 40, "read: chat usage summed over four rounds")
     with oa.chat.completions.stream(model="gpt-4o", messages=chat) as stream:
         final = stream.get_final_completion()
     message = final.choices[0].message
-    expect(message.content == want and final.choices[0].finish_reason == "stop", "read: chat stream helper")
+    expect(message.content == want_chat and final.choices[0].finish_reason == "stop", "read: chat stream helper")
     turn = chat + [message.model_dump(exclude_none=True), {"role": "user", "content": "and now?"}]
     r = oa.chat.completions.create(model="gpt-4o", messages=turn)
     expect(r.choices[0].message.content == again, "read: chat next turn sees the pages read")
