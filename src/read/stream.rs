@@ -59,6 +59,9 @@ pub struct Stitcher {
     held: bool,
     /// chat: an earlier round's text reached the client (the next round's text is set apart).
     chat_text_shown: bool,
+    /// Responses: the first round's response id; the client's stream keeps it to the end
+    /// (SDKs refuse a stream whose lifecycle events change response id).
+    first_response_id: Option<Value>,
 }
 
 impl Stitcher {
@@ -76,6 +79,7 @@ impl Stitcher {
             touched: false,
             held: false,
             chat_text_shown: false,
+            first_response_id: None,
         }
     }
 
@@ -198,6 +202,12 @@ impl Stitcher {
                     }
                 }
                 Dialect::OpenAiResponses => {
+                    if let (Some(id), Some(response)) = (
+                        &self.first_response_id,
+                        data.get_mut("response").and_then(Value::as_object_mut),
+                    ) {
+                        response.insert("id".into(), id.clone());
+                    }
                     if data["type"] == "response.completed" {
                         data["response"]["output"] =
                             Value::Array(reply::visible(self.dialect, rounds, &self.read));
@@ -477,7 +487,14 @@ impl Stitcher {
         let kind = event["type"].as_str().unwrap_or_default().to_string();
         match kind.as_str() {
             "response.created" | "response.in_progress" | "response.queued" => {
-                (self.round_no == 0).then_some(event)
+                if self.round_no > 0 {
+                    return None;
+                }
+                if self.first_response_id.is_none() {
+                    self.first_response_id =
+                        event.get("response").and_then(|r| r.get("id")).cloned();
+                }
+                Some(event)
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 self.round.usage = event["response"].get("usage").cloned();
@@ -689,6 +706,55 @@ mod tests {
         assert_eq!(delta["delta"]["stop_reason"], "end_turn");
         assert_eq!(delta["usage"]["input_tokens"], 30);
         assert_eq!(delta["usage"]["output_tokens"], 12);
+    }
+
+    #[test]
+    fn responses_rounds_keep_the_first_response_id_to_the_end() {
+        let mut s = Stitcher::new(Dialect::OpenAiResponses, "sluice_read");
+        let round = |id: &str, item: Value| {
+            sse(&[
+                (
+                    "response.created",
+                    json!({"type": "response.created", "sequence_number": 0, "response": {"id": id}}),
+                ),
+                (
+                    "response.in_progress",
+                    json!({"type": "response.in_progress", "sequence_number": 1, "response": {"id": id}}),
+                ),
+                (
+                    "response.output_item.added",
+                    json!({"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": item}),
+                ),
+                (
+                    "response.output_item.done",
+                    json!({"type": "response.output_item.done", "sequence_number": 3, "output_index": 0, "item": item}),
+                ),
+                (
+                    "response.completed",
+                    json!({"type": "response.completed", "sequence_number": 4, "response": {"id": id, "output": [item], "usage": {"input_tokens": 1}}}),
+                ),
+            ])
+        };
+        let call = json!({"type": "function_call", "id": "fc1", "call_id": "c1", "name": "sluice_read", "arguments": "{\"cursor\":\"c\"}"});
+        let mut client = s.feed(round("resp_1", call).as_bytes());
+        let first = s.output();
+        s.next_round();
+        let text = json!({"type": "message", "id": "m2", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]});
+        client.extend(s.feed(round("resp_2", text).as_bytes()));
+        let second = s.output();
+        client.extend(s.finish(&[first, second]));
+        let got = events(std::str::from_utf8(&client).unwrap());
+        let ids: Vec<&Value> = got
+            .iter()
+            .filter_map(|(_, d)| d.get("response"))
+            .map(|r| &r["id"])
+            .collect();
+        assert_eq!(ids, [&json!("resp_1"), &json!("resp_1"), &json!("resp_1")]);
+        let seq: Vec<u64> = got
+            .iter()
+            .filter_map(|(_, d)| d["sequence_number"].as_u64())
+            .collect();
+        assert!(seq.windows(2).all(|w| w[1] == w[0] + 1), "{seq:?}");
     }
 
     #[test]

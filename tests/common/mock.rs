@@ -368,7 +368,10 @@ async fn respond(
             json!({"error": {"message": refusal, "type": "invalid_request_error"}}).to_string(),
         );
     }
-    let reply = reply.unwrap_or_else(|| directive(&recorded.body));
+    let reply = reply
+        .or_else(|| agent_shell(&request, dialect, &recorded.body))
+        .or_else(|| agent_screenshots(&request, dialect, &recorded.body))
+        .unwrap_or_else(|| directive(&recorded.body));
     let reply = match reply {
         Reply::Read {
             before,
@@ -475,6 +478,127 @@ fn read_on(
     parts.push(Part::Tool(tool, json!({"cursor": cursor})));
     parts.extend(also.map(|name| Part::Tool(name, json!({"path": "."}))));
     Reply::Parts(parts)
+}
+
+/// For real agents, whose requests a test cannot script one by one: a request whose text holds
+/// `mock:shell=N`, that offers the agent's shell tool (Claude Code's `Bash`, Codex's
+/// `exec_command`, `shell_command` or `shell`) and holds no tool result yet, gets a call of that
+/// tool running `seq 1 N`. Later requests go on with [`directive`].
+fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
+    let text = String::from_utf8_lossy(body);
+    let at = text.find("mock:shell=")? + "mock:shell=".len();
+    let n: u64 = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()?;
+    let answered = match dialect {
+        Dialect::Anthropic => request["messages"]
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["content"].as_array())
+            .flatten()
+            .any(|b| b["type"] == "tool_result"),
+        Dialect::Responses => request["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|i| i["type"] == "function_call_output"),
+        Dialect::Chat => request["messages"]
+            .as_array()?
+            .iter()
+            .any(|m| m["role"] == "tool"),
+    };
+    if answered {
+        return None;
+    }
+    let command = format!("seq 1 {n}");
+    let names: Vec<&str> = request["tools"]
+        .as_array()?
+        .iter()
+        .filter_map(|t| t["name"].as_str().or(t["function"]["name"].as_str()))
+        .collect();
+    let (name, arguments) = if names.contains(&"Bash") {
+        (
+            "Bash",
+            json!({"command": command, "description": format!("Count to {n}")}),
+        )
+    } else if names.contains(&"exec_command") {
+        ("exec_command", json!({"cmd": command}))
+    } else if names.contains(&"shell_command") {
+        ("shell_command", json!({"command": command}))
+    } else if names.contains(&"shell") {
+        ("shell", json!({"command": ["bash", "-lc", command]}))
+    } else {
+        return None;
+    };
+    Some(Reply::ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// The tool results in a request's history.
+fn tool_results(request: &Value, dialect: Dialect) -> usize {
+    match dialect {
+        Dialect::Anthropic => request["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["content"].as_array())
+            .flatten()
+            .filter(|b| b["type"] == "tool_result")
+            .count(),
+        Dialect::Responses => request["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["type"] == "function_call_output")
+            .count(),
+        Dialect::Chat => request["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["role"] == "tool")
+            .count(),
+    }
+}
+
+/// For real agents with an MCP screenshot server: a request whose text's last
+/// `mock:screenshots=N` asks for N screenshots in the session, and that offers a tool whose name
+/// ends in `browser_take_screenshot` (Codex: inside a `namespace` tool, called as
+/// `namespace::name`), gets a call of it while
+/// the history holds fewer than N tool results; then the text `Took N screenshots.`.
+fn agent_screenshots(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
+    let text = String::from_utf8_lossy(body);
+    let at = text.rfind("mock:screenshots=")? + "mock:screenshots=".len();
+    let n: usize = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()?;
+    let tools = request["tools"].as_array()?;
+    let name = tools.iter().find_map(|t| {
+        let name = t["name"].as_str().or(t["function"]["name"].as_str())?;
+        if name.ends_with("browser_take_screenshot") {
+            return Some(name.to_string());
+        }
+        let inner = t["tools"].as_array()?;
+        inner
+            .iter()
+            .filter_map(|i| i["name"].as_str())
+            .find(|i| i.ends_with("browser_take_screenshot"))
+            .map(|i| format!("{name}::{i}"))
+    })?;
+    if tool_results(request, dialect) >= n {
+        return Some(Reply::Text(format!("Took {n} screenshots.")));
+    }
+    Some(Reply::ToolCall {
+        name,
+        arguments: json!({}),
+    })
 }
 
 /// The reply a request asks for in its own text (for clients the test cannot script, such as the
@@ -663,6 +787,11 @@ impl Content {
         Content::new(vec![Part::Text(text)])
     }
 
+    /// Ids are unique per answer, as a provider's are (agents merge messages by id).
+    fn response_id(&self) -> String {
+        format!("resp_mock_{}", self.1)
+    }
+
     fn calls(&self) -> usize {
         self.0
             .iter()
@@ -729,17 +858,20 @@ impl Dialect {
                     message["tool_calls"] = Value::Array(calls);
                 }
                 json!({
-                    "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": model,
+                    "id": format!("chatcmpl-mock-{}", content.1), "object": "chat.completion", "created": 1_700_000_000, "model": model,
                     "choices": [{"index": 0, "message": message, "logprobs": null,
                                  "finish_reason": if content.calls() > 0 { "tool_calls" } else { "stop" }}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
                 })
             }
-            Dialect::Responses => {
-                responses_object(model, "completed", responses_items(content, "completed"))
-            }
+            Dialect::Responses => responses_object(
+                &content.response_id(),
+                model,
+                "completed",
+                responses_items(content, "completed"),
+            ),
             Dialect::Anthropic => json!({
-                "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+                "id": format!("msg_mock_{}", content.1), "type": "message", "role": "assistant", "model": model,
                 "content": anthropic_blocks(content),
                 "stop_reason": if content.calls() > 0 { "tool_use" } else { "end_turn" },
                 "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 5}
@@ -760,7 +892,7 @@ fn chat_events(model: &str, content: &Content) -> Vec<Bytes> {
     let chunk = |delta: Value, finish: Value| {
         sse(
             None,
-            &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            &json!({"id": format!("chatcmpl-mock-{}", content.1), "object": "chat.completion.chunk", "created": 1_700_000_000,
             "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]}),
         )
     };
@@ -796,9 +928,9 @@ fn chat_events(model: &str, content: &Content) -> Vec<Bytes> {
     out
 }
 
-fn responses_object(model: &str, status: &str, output: Vec<Value>) -> Value {
+fn responses_object(id: &str, model: &str, status: &str, output: Vec<Value>) -> Value {
     json!({
-        "id": "resp_mock", "object": "response", "created_at": 1_700_000_000, "status": status,
+        "id": id, "object": "response", "created_at": 1_700_000_000, "status": status,
         "model": model, "output": output, "error": null, "incomplete_details": null,
         "instructions": null, "metadata": {}, "parallel_tool_calls": true, "temperature": 1.0,
         "top_p": 1.0, "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},
@@ -821,8 +953,14 @@ fn responses_items(content: &Content, status: &str) -> Vec<Value> {
                 "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}),
             Part::Tool(..) => {
                 let (id, name, args) = calls.next().unwrap_or_default_call();
-                json!({"type": "function_call", "id": format!("fc_mock_{}_{i}", content.1), "call_id": id,
-                    "name": name, "arguments": args, "status": status})
+                let mut item = json!({"type": "function_call", "id": format!("fc_mock_{}_{i}", content.1), "call_id": id,
+                    "name": name, "arguments": args, "status": status});
+                // `namespace::name`: a tool inside a `namespace` tool (Codex's MCP tools).
+                if let Some((namespace, name)) = name.split_once("::") {
+                    item["namespace"] = json!(namespace);
+                    item["name"] = json!(name);
+                }
+                item
             }
         })
         .collect()
@@ -850,11 +988,11 @@ fn responses_events(model: &str, content: &Content) -> Vec<Bytes> {
     };
     push(
         &mut out,
-        json!({"type": "response.created", "response": responses_object(model, "in_progress", vec![])}),
+        json!({"type": "response.created", "response": responses_object(&content.response_id(), model, "in_progress", vec![])}),
     );
     push(
         &mut out,
-        json!({"type": "response.in_progress", "response": responses_object(model, "in_progress", vec![])}),
+        json!({"type": "response.in_progress", "response": responses_object(&content.response_id(), model, "in_progress", vec![])}),
     );
     let done = responses_items(content, "completed");
     for (index, item) in done.iter().enumerate() {
@@ -922,7 +1060,7 @@ fn responses_events(model: &str, content: &Content) -> Vec<Bytes> {
     }
     push(
         &mut out,
-        json!({"type": "response.completed", "response": responses_object(model, "completed", done)}),
+        json!({"type": "response.completed", "response": responses_object(&content.response_id(), model, "completed", done)}),
     );
     out
 }
@@ -947,7 +1085,7 @@ fn anthropic_events(model: &str, content: &Content) -> Vec<Bytes> {
     let ev = |data: Value| sse(Some(data["type"].as_str().unwrap_or("")), &data);
     let mut out = vec![
         ev(
-            json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message", "role": "assistant",
+            json!({"type": "message_start", "message": {"id": format!("msg_mock_{}", content.1), "type": "message", "role": "assistant",
             "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": 10, "output_tokens": 1}}}),
         ),

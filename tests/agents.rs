@@ -1,0 +1,530 @@
+//! Real agents through sluice (issue "real wire"): Claude Code and Codex CLI, pinned and
+//! installed by `tests/agents/run.sh` from the npm registry, run against sluice and the mock
+//! model. The model runs the agent's own shell tool (`seq 1 N`), sluice spills the long result
+//! (T3) and offers its read tool (C1), the model reads on through it (C2), the agent gets one
+//! well-formed answer, and the agent's next turn carries the hidden round spliced back (C3).
+//! Once with the provider answering uncompressed, once gzip (P3, A9).
+//!
+//! Every agent runs with HOME and its config under the test's temp dir, telemetry, update checks
+//! and non-essential traffic off; its only network is sluice on loopback.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{config_for, metric, MockUpstream, Sluice};
+use serde_json::Value;
+
+/// The agents' npm install (tests/agents/node_modules/.bin).
+fn bin(name: &str) -> PathBuf {
+    let dir = std::env::var("SLUICE_AGENTS_BIN").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/agents/node_modules/.bin"
+        )
+        .to_string()
+    });
+    let path = Path::new(&dir).join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run tests/agents/run.sh",
+        path.display()
+    );
+    path
+}
+
+/// Runs `command` to its end or `limit`, whichever comes first; (success, stdout, stderr).
+fn run(mut command: Command, limit: Duration) -> (bool, String, String) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the agent");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).ok();
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    (status.is_some_and(|s| s.success()), out, err)
+}
+
+/// The environment every agent gets: its own HOME, no telemetry, no updates.
+fn quiet(command: &mut Command, home: &Path) {
+    command
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("TMPDIR", home.join("tmp"))
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("NO_UPDATE_NOTIFIER", "1")
+        .env("CODEX_HOME", home.join(".codex"))
+        .env("NO_COLOR", "1");
+    std::fs::create_dir_all(home.join("tmp")).unwrap();
+    std::fs::create_dir_all(home.join(".codex")).unwrap();
+}
+
+/// The requests the mock saw on `path`.
+fn on(mock: &MockUpstream, path: &str) -> Vec<Value> {
+    mock.requests()
+        .iter()
+        .filter(|r| r.uri.split('?').next() == Some(path))
+        .map(common::mock::Recorded::json)
+        .collect()
+}
+
+/// A request's history as text, tools left out.
+fn history(request: &Value) -> String {
+    let mut r = request.clone();
+    if let Some(o) = r.as_object_mut() {
+        o.remove("tools");
+        o.remove("instructions");
+        o.remove("system");
+    }
+    r.to_string()
+}
+
+const PROMPT: &str =
+    "Count to 5000 with the shell and tell me what you saw. mock:shell=5000 mock:read=1";
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn claude_code_reads_a_spilled_bash_result_through_sluice() {
+    // Claude Code accepts `gzip, deflate, br, zstd`.
+    for coding in [None, Some("gzip"), Some("br"), Some("zstd")] {
+        let mock = MockUpstream::start();
+        mock.compress(coding);
+        let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+        let home = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let claude = |args: &[&str]| {
+            let mut command = Command::new(bin("claude"));
+            quiet(&mut command, home.path());
+            command
+                .current_dir(work.path())
+                .env("ANTHROPIC_BASE_URL", sluice.url(""))
+                .env("ANTHROPIC_API_KEY", "sk-ant-test")
+                .args(args)
+                .args([
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--allowedTools",
+                    "Bash",
+                    "--model",
+                    "claude-sonnet-4-5",
+                ]);
+            run(command, Duration::from_secs(120))
+        };
+        let (ok, out, err) = claude(&["-p", PROMPT]);
+        let case = format!("coding {coding:?}");
+        println!("--- claude ({case}) stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "{case}: claude failed");
+        let events: Vec<Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let result = events
+            .iter()
+            .find(|e| e["type"] == "result")
+            .unwrap_or_else(|| panic!("{case}: no result event"));
+        assert_eq!(result["is_error"], false, "{case}: {result}");
+        assert_eq!(result["result"], "Read 1 pages.", "{case}: {result}");
+        assert!(!out.contains("sluice_read"), "{case}: the read call leaked");
+        let messages = on(&mock, "/v1/messages");
+        // The spilled page and its notice reached the model, and the read tool was offered.
+        let spilled = messages
+            .iter()
+            .find(|m| history(m).contains("[sluice: lines 1-1999 of 500"))
+            .unwrap_or_else(|| {
+                let all: Vec<String> = messages.iter().map(history).collect();
+                let notices: Vec<&str> = all
+                    .iter()
+                    .flat_map(|h| {
+                        h.match_indices("[sluice:")
+                            .map(|(i, _)| &h[i..(i + 120).min(h.len())])
+                    })
+                    .collect();
+                panic!("{case}: no spilled page reached the model: {notices:?}")
+            });
+        let tools = spilled["tools"].as_array().unwrap();
+        assert_eq!(tools.last().unwrap()["name"], "sluice_read", "{case}");
+        assert!(
+            messages
+                .iter()
+                .any(|m| history(m).contains("sluice: lines 2000-")),
+            "{case}: the model read the next page"
+        );
+        // The next turn carries the hidden round (the read call and its page) spliced back.
+        let before = mock.requests().len();
+        let (ok, out, err) = claude(&["-p", "And now? mock:read=1", "--continue"]);
+        println!("--- claude --continue ({case}) stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "{case}: claude --continue failed");
+        let next: Vec<Value> = mock.requests()[before..]
+            .iter()
+            .filter(|r| r.uri.starts_with("/v1/messages?") || r.uri == "/v1/messages")
+            .map(common::mock::Recorded::json)
+            .filter(|m| history(m).contains("And now?"))
+            .collect();
+        assert!(!next.is_empty(), "{case}: no second turn reached the model");
+        for m in &next {
+            let h = history(m);
+            assert!(
+                h.contains("\"name\":\"sluice_read\"") && h.contains("sluice: lines 2000-"),
+                "{case}: the hidden round is spliced back"
+            );
+        }
+        let m = futures_executor(sluice.metrics());
+        assert_eq!(
+            metric(&m, "sluice_commits_total{outcome=\"discarded\"}"),
+            0.0,
+            "{case}"
+        );
+    }
+}
+
+/// Runs a future to completion on a small runtime (the agent tests are synchronous).
+fn futures_executor<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn codex_reads_a_spilled_exec_result_through_sluice() {
+    // Codex accepts `zstd,gzip`.
+    for coding in [None, Some("gzip"), Some("zstd")] {
+        let mock = MockUpstream::start();
+        mock.compress(coding);
+        // Codex shortens a long command output itself (head and tail, about 2,200 lines of
+        // `seq 1 5000`): still over sluice's 2,000-line page.
+        let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+        let home = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        codex_config(home.path(), &sluice, "");
+        let codex = |args: &[&str]| codex(home.path(), work.path(), args);
+        let case = format!("coding {coding:?}");
+        let (ok, out, err) = codex(&[PROMPT]);
+        println!("--- codex ({case}) stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "{case}: codex failed");
+        assert!(out.contains("Read 1 pages."), "{case}: no answer");
+        assert!(!out.contains("sluice_read"), "{case}: the read call leaked");
+        let responses = on(&mock, "/v1/responses");
+        let spilled = responses
+            .iter()
+            .find(|r| history(r).contains("[sluice: lines 1-1999 of "))
+            .unwrap_or_else(|| {
+                let all: Vec<String> = responses.iter().map(history).collect();
+                panic!(
+                    "{case}: no spilled page reached the model: {}",
+                    all.last()
+                        .map(|h| &h[h.len().saturating_sub(3000)..])
+                        .unwrap_or("")
+                )
+            });
+        let tools = spilled["tools"].as_array().unwrap();
+        assert_eq!(tools.last().unwrap()["name"], "sluice_read", "{case}");
+        assert!(
+            history(spilled).contains("\\\"analytics_enabled\\\":false"),
+            "{case}: Codex analytics are off"
+        );
+        assert!(
+            responses
+                .iter()
+                .any(|r| history(r).contains("sluice: lines 2000-")),
+            "{case}: the model read the next page"
+        );
+        let before = mock.requests().len();
+        let (ok, out, err) = codex(&["resume", "--last", "And now? mock:read=1"]);
+        println!("--- codex resume ({case}) stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "{case}: codex resume failed");
+        let next: Vec<Value> = mock.requests()[before..]
+            .iter()
+            .filter(|r| r.uri == "/v1/responses")
+            .map(common::mock::Recorded::json)
+            .collect();
+        assert!(!next.is_empty(), "{case}: no second turn reached the model");
+        for r in &next {
+            let h = history(r);
+            assert!(
+                h.contains("\"name\":\"sluice_read\"") && h.contains("sluice: lines 2000-"),
+                "{case}: the hidden round is spliced back"
+            );
+        }
+    }
+}
+
+/// Codex's config under `home`: the mock provider through sluice (Responses), analytics and
+/// update checks off, and `extra` TOML.
+fn codex_config(home: &Path, sluice: &Sluice, extra: &str) {
+    std::fs::create_dir_all(home.join(".codex")).unwrap();
+    std::fs::write(
+        home.join(".codex/config.toml"),
+        format!(
+            r#"model = "gpt-5"
+model_provider = "mock"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.mock]
+name = "mock"
+base_url = "{}"
+wire_api = "responses"
+env_key = "MOCK_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+{extra}
+"#,
+            sluice.url("/v1")
+        ),
+    )
+    .unwrap();
+}
+
+/// Runs `codex exec` (non-interactive, JSON events, no sandbox: Codex refuses MCP calls under
+/// `approval_policy = never` otherwise) with `args` after its flags.
+fn codex(home: &Path, work: &Path, args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(bin("codex"));
+    quiet(&mut command, home);
+    let (resume, args) = match args {
+        ["resume", "--last", rest @ ..] => (true, rest),
+        _ => (false, args),
+    };
+    command
+        .current_dir(work)
+        .env("MOCK_API_KEY", "sk-test")
+        .arg("exec");
+    if resume {
+        command.args(["resume", "--last"]);
+    }
+    command
+        .args([
+            "--json",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+        ])
+        .args(args);
+    run(command, Duration::from_secs(180))
+}
+
+/// The python that has the MCP SDK (tests/agents/run.sh puts it in the repo's .venv).
+fn mcp_python() -> String {
+    std::env::var("SLUICE_AGENTS_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python").to_string())
+}
+
+const SCREENSHOTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/screenshots.py");
+
+/// Image parts in a request (Anthropic `image` blocks, Responses `input_image` parts).
+fn image_parts(request: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut stack = vec![request.clone()];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                if matches!(
+                    map.get("type").and_then(Value::as_str),
+                    Some("image" | "input_image")
+                ) {
+                    out.push(Value::Object(map));
+                } else {
+                    stack.extend(map.into_iter().map(|(_, v)| v));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Tool results in a request's history.
+fn results(request: &Value) -> usize {
+    let h = history(request);
+    h.matches("\"type\":\"tool_result\"").count()
+        + h.matches("\"type\":\"function_call_output\"").count()
+}
+
+/// For each count of screenshot results 1, 2, …: the images the model was shown then.
+fn pattern(requests: &[Value]) -> Vec<usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for r in requests {
+        let k = results(r);
+        if k > 0 {
+            seen.entry(k).or_insert_with(|| image_parts(r).len());
+        }
+    }
+    seen.into_values().collect()
+}
+
+/// `recent` screenshots (3 kept, pruned 2 at a time, SPEC A4) over 8 turns, then 4 more.
+const RECENT: [usize; 12] = [1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2];
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn claude_code_screenshots_follow_the_recent_pattern() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mcp = serde_json::json!({"mcpServers": {"shots": {"command": mcp_python(), "args": [SCREENSHOTS]}}});
+    let claude = |args: &[&str]| {
+        let mut command = Command::new(bin("claude"));
+        quiet(&mut command, home.path());
+        command
+            .current_dir(work.path())
+            .env("ANTHROPIC_BASE_URL", sluice.url(""))
+            .env("ANTHROPIC_API_KEY", "sk-ant-test")
+            .args(args)
+            // MCP tools in the request's tools, not behind Claude Code's tool search.
+            .env("ENABLE_TOOL_SEARCH", "false")
+            .args(["--output-format", "stream-json", "--verbose"])
+            .args(["--mcp-config", &mcp.to_string()])
+            .args(["--allowedTools", "mcp__shots__browser_take_screenshot"])
+            .args(["--model", "claude-sonnet-4-5"]);
+        run(command, Duration::from_secs(180))
+    };
+    let (ok, out, err) = claude(&["-p", "Watch the page. mock:screenshots=8"]);
+    println!("--- claude stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "claude failed");
+    assert!(out.contains("Took 8 screenshots."));
+    let turns: Vec<Value> = on(&mock, "/v1/messages")
+        .into_iter()
+        .filter(|r| r.to_string().contains("browser_take_screenshot"))
+        .collect();
+    assert_eq!(pattern(&turns), RECENT[..8], "images shown per turn");
+    let (ok, out, err) = claude(&["-p", "Keep watching. mock:screenshots=12", "--continue"]);
+    println!("--- claude --continue stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "claude --continue failed");
+    let turns: Vec<Value> = on(&mock, "/v1/messages")
+        .into_iter()
+        .filter(|r| r.to_string().contains("browser_take_screenshot"))
+        .collect();
+    assert_eq!(
+        pattern(&turns),
+        RECENT,
+        "the next prompt continues the pattern"
+    );
+}
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn codex_screenshots_follow_the_recent_pattern_with_detail_kept() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = format!(
+        "[mcp_servers.shots]\ncommand = {:?}\nargs = [{:?}]\n",
+        mcp_python(),
+        SCREENSHOTS
+    );
+    codex_config(home.path(), &sluice, &server);
+    let (ok, out, err) = codex(
+        home.path(),
+        work.path(),
+        &["Watch the page. mock:screenshots=8"],
+    );
+    println!("--- codex stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "codex failed");
+    assert!(out.contains("Took 8 screenshots."));
+    let turns = || -> Vec<Value> {
+        on(&mock, "/v1/responses")
+            .into_iter()
+            .filter(|r| r.to_string().contains("browser_take_screenshot"))
+            .collect()
+    };
+    assert_eq!(pattern(&turns()), RECENT[..8], "images shown per turn");
+    let (ok, out, err) = codex(
+        home.path(),
+        work.path(),
+        &["resume", "--last", "Keep watching. mock:screenshots=12"],
+    );
+    println!("--- codex resume stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "codex resume failed");
+    assert_eq!(
+        pattern(&turns()),
+        RECENT,
+        "the next prompt continues the pattern"
+    );
+    // Codex sends its MCP images with `detail`; every image sluice embeds keeps it (P2).
+    let shown: Vec<Value> = turns().iter().flat_map(image_parts).collect();
+    assert!(!shown.is_empty());
+    for part in &shown {
+        assert_eq!(
+            part["detail"],
+            "high",
+            "{}",
+            &part.to_string()[..200.min(part.to_string().len())]
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn node_sdks_get_one_response_while_the_model_reads_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("output.txt");
+    std::fs::write(&file, common::tool_output(150_000)).unwrap();
+    // Node's fetch sends `gzip, deflate`; the provider answers in each in turn.
+    for coding in [None, Some("gzip"), Some("deflate")] {
+        let mock = MockUpstream::start();
+        mock.compress(coding);
+        let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+        let mut command = Command::new("node");
+        command
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents"))
+            .arg("sdk.mjs")
+            .arg(sluice.url("/v1"))
+            .arg(sluice.url(""))
+            .arg(&file);
+        let (ok, out, err) = run(command, Duration::from_secs(120));
+        println!("--- node SDKs ({coding:?}):\n{out}{err}");
+        assert!(ok && out.contains("6 passed, 0 failed"), "{coding:?}");
+        if let Some(coding) = coding {
+            let accepted: Vec<String> = mock
+                .requests()
+                .iter()
+                .map(|r| format!("{} {:?}", r.uri, r.headers.get("accept-encoding")))
+                .collect();
+            assert!(accepted.iter().all(|a| a.contains(coding)), "{accepted:#?}");
+        }
+        let m = futures_executor(sluice.metrics());
+        // 3 dialects x (non-streamed, streamed) x 3 pages.
+        let pages = metric(&m, "sluice_read_calls_total{outcome=\"page\"}");
+        assert_eq!(pages, 18.0, "{coding:?}");
+    }
+}
