@@ -19,6 +19,7 @@
 //! - [`encoding`]: content codings sluice decodes (compressed request and response bodies).
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
 //! - [`metrics`]: every Prometheus metric.
+//! - [`json`]: panic-free edits of untrusted JSON.
 
 pub mod attach;
 pub mod config;
@@ -27,6 +28,7 @@ pub mod encoding;
 pub mod error;
 pub mod exit;
 pub mod image;
+pub mod json;
 pub mod metrics;
 pub mod projection;
 pub mod read;

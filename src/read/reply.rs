@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::{add_usage, Answer, Call};
 use crate::dialect::Dialect;
+use crate::json;
 
 /// What the model produced in one round.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -247,27 +248,27 @@ pub fn total_usage(rounds: &[Output]) -> Option<Value> {
 pub fn merged(dialect: Dialect, mut last: Value, rounds: &[Output], read: &str) -> Value {
     let shown = visible(dialect, rounds, read);
     if let Some(usage) = total_usage(rounds) {
-        last["usage"] = usage;
+        json::set(&mut last, "usage", usage);
     }
     match dialect {
         Dialect::OpenAiChat => {
-            let message = &mut last["choices"][0]["message"];
-            if let Some(item) = shown.first() {
-                message["content"] = item["content"].clone();
+            let message = json::first_mut(&mut last, "choices")
+                .and_then(|choice| json::member_mut(choice, "message"))
+                .and_then(Value::as_object_mut);
+            if let (Some(message), Some(item)) = (message, shown.first()) {
+                message.insert("content".into(), item["content"].clone());
                 match item.get("tool_calls") {
-                    Some(calls) => message["tool_calls"] = calls.clone(),
-                    None => {
-                        if let Some(m) = message.as_object_mut() {
-                            m.remove("tool_calls");
-                        }
-                    }
-                }
+                    Some(calls) => message.insert("tool_calls".into(), calls.clone()),
+                    None => message.remove("tool_calls"),
+                };
             }
         }
-        Dialect::OpenAiResponses => last["output"] = Value::Array(shown),
+        Dialect::OpenAiResponses => {
+            json::set(&mut last, "output", Value::Array(shown));
+        }
         Dialect::AnthropicMessages => {
             if let Some(item) = shown.first() {
-                last["content"] = item["content"].clone();
+                json::set(&mut last, "content", item["content"].clone());
             }
         }
     }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::reply::{self, Output};
 use super::Call;
 use crate::dialect::Dialect;
+use crate::json;
 
 /// Longest event sluice buffers while looking for its end (an event is a few kilobytes; a
 /// longer one ends the stitched stream as a failure rather than grow without bound).
@@ -189,7 +190,7 @@ impl Stitcher {
                     }
                     if data.get("usage").is_some_and(|u| !u.is_null()) {
                         if let Some(total) = &total {
-                            data["usage"] = total.clone();
+                            json::set(&mut data, "usage", total.clone());
                         }
                     }
                     self.chat_id(&mut data);
@@ -197,25 +198,25 @@ impl Stitcher {
                 Dialect::AnthropicMessages => {
                     if data["type"] == "message_delta" {
                         if let Some(total) = &total {
-                            data["usage"] = total.clone();
+                            json::set(&mut data, "usage", total.clone());
                         }
                     }
                 }
                 Dialect::OpenAiResponses => {
-                    if let (Some(id), Some(response)) = (
-                        &self.first_response_id,
-                        data.get_mut("response").and_then(Value::as_object_mut),
-                    ) {
-                        response.insert("id".into(), id.clone());
-                    }
-                    if data["type"] == "response.completed" {
-                        data["response"]["output"] =
-                            Value::Array(reply::visible(self.dialect, rounds, &self.read));
-                        if let Some(total) = &total {
-                            data["response"]["usage"] = total.clone();
+                    let completed = data["type"] == "response.completed";
+                    if let Some(response) = json::member_mut(&mut data, "response") {
+                        if let Some(id) = &self.first_response_id {
+                            json::set(response, "id", id.clone());
+                        }
+                        if completed {
+                            let shown = reply::visible(self.dialect, rounds, &self.read);
+                            json::set(response, "output", Value::Array(shown));
+                            if let Some(total) = &total {
+                                json::set(response, "usage", total.clone());
+                            }
                         }
                     }
-                    data["sequence_number"] = self.seq.into();
+                    json::set(&mut data, "sequence_number", self.seq);
                     self.seq += 1;
                 }
             }
@@ -253,8 +254,7 @@ impl Stitcher {
         match &self.first_id {
             Some(id) if data["id"].as_str() == Some(id) => {}
             Some(id) => {
-                data["id"] = Value::String(id.clone());
-                self.touched = true;
+                self.touched |= json::set(data, "id", id.clone());
             }
             None => self.first_id = data["id"].as_str().map(str::to_string),
         }
@@ -287,7 +287,11 @@ impl Stitcher {
             self.round.complete = true;
             return;
         }
-        let Ok(value) = serde_json::from_str::<Value>(&data) else {
+        // Only an object is an event sluice reads; anything else passes as it came.
+        let Some(value) = serde_json::from_str::<Value>(&data)
+            .ok()
+            .filter(Value::is_object)
+        else {
             out.extend_from_slice(block);
             out.extend_from_slice(b"\n\n");
             return;
@@ -306,8 +310,7 @@ impl Stitcher {
         if let Some(mut value) = forward {
             if self.dialect == Dialect::OpenAiResponses {
                 if value["sequence_number"].as_u64() != Some(self.seq) {
-                    value["sequence_number"] = self.seq.into();
-                    self.touched = true;
+                    self.touched |= json::set(&mut value, "sequence_number", self.seq);
                 }
                 self.seq += 1;
             }
@@ -322,8 +325,7 @@ impl Stitcher {
 
     fn set_index(&mut self, event: &mut Value, key: &str, upstream: u64, client: u64) {
         if upstream != client {
-            event[key] = client.into();
-            self.touched = true;
+            self.touched |= json::set(event, key, client);
         }
     }
 
@@ -357,8 +359,8 @@ impl Stitcher {
             if !t.is_empty() {
                 if self.chat_text_shown && !self.round.text_sent {
                     // As the merged response joins them (reply::visible).
-                    delta["content"] = format!("{}{t}", reply::CHAT_ROUND_SEPARATOR).into();
-                    self.touched = true;
+                    let set_apart = format!("{}{t}", reply::CHAT_ROUND_SEPARATOR);
+                    self.touched |= json::set(&mut delta, "content", set_apart);
                 }
                 self.round.text_sent = true;
             }
@@ -383,8 +385,7 @@ impl Stitcher {
                 match self.index(index, is_read) {
                     Some(client) => {
                         if client != index {
-                            call["index"] = client.into();
-                            self.touched = true;
+                            self.touched |= json::set(&mut call, "index", client);
                         }
                         shown.push(call);
                     }
@@ -396,12 +397,14 @@ impl Stitcher {
                     d.remove("tool_calls");
                 }
             } else {
-                delta["tool_calls"] = Value::Array(shown);
+                json::set(&mut delta, "tool_calls", Value::Array(shown));
             }
         }
         let removed =
             delta.get("tool_calls").is_none() && choice["delta"].get("tool_calls").is_some();
-        chunk["choices"][0]["delta"] = delta.clone();
+        if let Some(choice) = json::first_mut(&mut chunk, "choices") {
+            json::set(choice, "delta", delta.clone());
+        }
         if !choice["finish_reason"].is_null() {
             self.round.closing.push((None, chunk));
             return None;
@@ -447,11 +450,12 @@ impl Stitcher {
                 let index = event["index"].as_u64().unwrap_or(0);
                 if let Some((block, partial)) = self.round.blocks.get_mut(&index) {
                     if block["type"] == "tool_use" {
-                        block["input"] = if partial.trim().is_empty() {
+                        let input = if partial.trim().is_empty() {
                             block.get("input").cloned().unwrap_or_else(|| json!({}))
                         } else {
                             serde_json::from_str(partial).unwrap_or_else(|_| json!({}))
                         };
+                        json::set(block, "input", input);
                     }
                 }
                 let client = self.index(index, false)?;
@@ -527,7 +531,7 @@ fn apply_delta(block: &mut Value, partial: &mut String, delta: &Value) {
     let append = |block: &mut Value, key: &str, more: &str| {
         let mut s = block[key].as_str().unwrap_or_default().to_string();
         s.push_str(more);
-        block[key] = Value::String(s);
+        json::set(block, key, s);
     };
     match delta["type"].as_str() {
         Some("text_delta") => append(block, "text", delta["text"].as_str().unwrap_or_default()),
@@ -545,10 +549,11 @@ fn apply_delta(block: &mut Value, partial: &mut String, delta: &Value) {
             partial.push_str(delta["partial_json"].as_str().unwrap_or_default())
         }
         Some("citations_delta") => {
-            if let Some(list) = block["citations"].as_array_mut() {
-                list.push(delta["citation"].clone());
-            } else {
-                block["citations"] = json!([delta["citation"].clone()]);
+            match json::member_mut(block, "citations").and_then(Value::as_array_mut) {
+                Some(list) => list.push(delta["citation"].clone()),
+                None => {
+                    json::set(block, "citations", json!([delta["citation"].clone()]));
+                }
             }
         }
         _ => {}
