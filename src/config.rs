@@ -36,6 +36,16 @@ pub const DEFAULT_POOL_IDLE_SECONDS: f64 = 60.0;
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: f64 = 25.0;
 /// One week: an agent session idle for longer is over.
 pub const DEFAULT_IDLE_TTL_SECONDS: u64 = 604_800;
+/// The longest idle TTL: ten years. Longer ones overflow the caches' timers and Redis' expiry.
+pub const MAX_IDLE_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
+/// A request body must have arrived within a minute: an agent sends its whole request at once,
+/// and a client that trickles it holds a connection for nothing (SPEC 9.1).
+pub const DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS: f64 = 60.0;
+/// Request bytes buffered at once across all connections (256 MiB): four maximal bodies; more
+/// waits for room, then gets 503 (SPEC 9.1).
+pub const DEFAULT_MAX_INFLIGHT_BODY_BYTES: u64 = 256 * 1024 * 1024;
+/// The most worker threads: more than any machine sluice runs on has cores.
+pub const MAX_WORKER_THREADS: usize = 1024;
 /// SPEC T1 budgets, from the unified model exit.
 pub const DEFAULT_MAX_LINES: usize = 2000;
 pub const DEFAULT_MAX_UNITS: usize = 30_000;
@@ -59,6 +69,9 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "max_body_bytes",
     "drain_timeout_seconds",
     "worker_threads",
+    "request_body_timeout_seconds",
+    "max_connections",
+    "max_inflight_body_bytes",
     "upstream",
     "store",
     "session",
@@ -73,6 +86,10 @@ pub struct Config {
     pub max_body_bytes: u64,
     pub drain_timeout_seconds: f64,
     pub worker_threads: usize,
+    pub request_body_timeout_seconds: f64,
+    /// Connections served at once; 0 derives it from the file-descriptor limit.
+    pub max_connections: usize,
+    pub max_inflight_body_bytes: u64,
     pub upstream: UpstreamConfig,
     pub store: StoreConfig,
     pub session: SessionConfig,
@@ -133,6 +150,10 @@ pub struct RouteConfig {
     pub models: Vec<String>,
     pub upstream: String,
     pub api_key_env: String,
+    /// The tenant of requests on this route that carry no credential (a sidecar whose agent
+    /// sends none, with `api_key_env` supplying the provider key); empty: such requests are
+    /// projected, but sluice's own endpoints answer them 401.
+    pub tenant: String,
     pub input_modalities: Vec<Modality>,
     pub read_tool: String,
     /// Rounds of read calls sluice answers for one request before the model must answer (C2).
@@ -170,6 +191,9 @@ impl Default for Config {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
             worker_threads: 0,
+            request_body_timeout_seconds: DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS,
+            max_connections: 0,
+            max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
             upstream: UpstreamConfig::default(),
             store: StoreConfig::default(),
             session: SessionConfig::default(),
@@ -234,6 +258,7 @@ impl Default for RouteConfig {
             models: vec!["*".into()],
             upstream: String::new(),
             api_key_env: String::new(),
+            tenant: String::new(),
             input_modalities: vec![Modality::Text, Modality::Image],
             read_tool: "sluice_read".into(),
             max_read_steps: DEFAULT_MAX_READ_STEPS,
@@ -316,6 +341,29 @@ impl Config {
             return Err(ConfigError::at("max_body_bytes", "must be above 0"));
         }
         positive_seconds("drain_timeout_seconds", self.drain_timeout_seconds)?;
+        positive_seconds(
+            "request_body_timeout_seconds",
+            self.request_body_timeout_seconds,
+        )?;
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(ConfigError::at(
+                "worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0 = one per core)"),
+            ));
+        }
+        if self.max_inflight_body_bytes < self.max_body_bytes {
+            return Err(ConfigError::at(
+                "max_inflight_body_bytes",
+                "must be at least max_body_bytes, or no body of the largest size could be read",
+            ));
+        }
+        // tokio's semaphore counts at most usize::MAX >> 3 permits.
+        if self.max_inflight_body_bytes > (u32::MAX as u64) << 16 {
+            return Err(ConfigError::at(
+                "max_inflight_body_bytes",
+                "must be at most 256 TiB",
+            ));
+        }
         let up = &self.upstream;
         positive_seconds(
             "upstream.connect_timeout_seconds",
@@ -336,8 +384,11 @@ impl Config {
                 "must be a redis:// or rediss:// URL",
             ));
         }
-        if self.store.idle_ttl_seconds == 0 {
-            return Err(ConfigError::at("store.idle_ttl_seconds", "must be above 0"));
+        if self.store.idle_ttl_seconds == 0 || self.store.idle_ttl_seconds > MAX_IDLE_TTL_SECONDS {
+            return Err(ConfigError::at(
+                "store.idle_ttl_seconds",
+                format!("must be from 1 to {MAX_IDLE_TTL_SECONDS} (ten years)"),
+            ));
         }
         if http::HeaderName::from_bytes(self.session.header.as_bytes()).is_err() {
             return Err(ConfigError::at(
@@ -378,6 +429,10 @@ impl Config {
 
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.drain_timeout_seconds)
+    }
+
+    pub fn request_body_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.request_body_timeout_seconds)
     }
 
     /// The effective configuration as TOML with secrets redacted (`check-config`, SPEC O1).

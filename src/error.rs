@@ -14,6 +14,10 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body")]
     ClientBody,
+    #[error("the request body did not arrive within {seconds} s")]
+    BodyTimeout { seconds: f64 },
+    #[error("sluice is holding as many request bodies as it may; try again shortly")]
+    Overloaded,
     #[error("the request body's content-encoding {0:?} is not supported (gzip, deflate, br, zstd or identity)")]
     UnsupportedEncoding(String),
     #[error("the request body cannot be decoded: {0}")]
@@ -33,6 +37,8 @@ pub enum GatewayError {
     StoreUnavailable,
     #[error("the cursor is malformed")]
     BadCursor,
+    #[error("a credential (Authorization or x-api-key) is needed to read sluice's artifacts")]
+    Unauthorized,
     #[error("internal error")]
     Internal,
 }
@@ -40,10 +46,12 @@ pub enum GatewayError {
 impl GatewayError {
     /// Every value `kind` returns, so the error counter starts at zero for each (alert rules
     /// then see a series before the first error).
-    pub const KINDS: [&'static str; 12] = [
+    pub const KINDS: [&'static str; 15] = [
         "bad_json",
         "body_too_large",
         "client_body",
+        "body_timeout",
+        "overloaded",
         "unsupported_encoding",
         "bad_encoding",
         "no_route",
@@ -52,6 +60,7 @@ impl GatewayError {
         "upstream_timeout",
         "store_unavailable",
         "bad_cursor",
+        "unauthorized",
         "internal",
     ];
 
@@ -61,6 +70,8 @@ impl GatewayError {
             GatewayError::BadJson(_) => "bad_json",
             GatewayError::BodyTooLarge { .. } => "body_too_large",
             GatewayError::ClientBody => "client_body",
+            GatewayError::BodyTimeout { .. } => "body_timeout",
+            GatewayError::Overloaded => "overloaded",
             GatewayError::UnsupportedEncoding(_) => "unsupported_encoding",
             GatewayError::BadEncoding(_) => "bad_encoding",
             GatewayError::NoRoute { .. } => "no_route",
@@ -69,6 +80,7 @@ impl GatewayError {
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
             GatewayError::StoreUnavailable => "store_unavailable",
             GatewayError::BadCursor => "bad_cursor",
+            GatewayError::Unauthorized => "unauthorized",
             GatewayError::Internal => "internal",
         }
     }
@@ -80,6 +92,9 @@ impl GatewayError {
             | GatewayError::BadEncoding(_)
             | GatewayError::BadCursor => StatusCode::BAD_REQUEST,
             GatewayError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            GatewayError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoRoute { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -95,10 +110,11 @@ impl GatewayError {
         let (openai_type, anthropic_type) = match self.status() {
             StatusCode::BAD_REQUEST => ("invalid_request_error", "invalid_request_error"),
             StatusCode::PAYLOAD_TOO_LARGE => ("invalid_request_error", "request_too_large"),
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            StatusCode::UNSUPPORTED_MEDIA_TYPE | StatusCode::REQUEST_TIMEOUT => {
                 ("invalid_request_error", "invalid_request_error")
             }
             StatusCode::NOT_FOUND => ("not_found_error", "not_found_error"),
+            StatusCode::UNAUTHORIZED => ("invalid_request_error", "authentication_error"),
             StatusCode::GATEWAY_TIMEOUT => ("timeout_error", "api_error"),
             _ => ("api_error", "api_error"),
         };
@@ -121,6 +137,8 @@ mod tests {
             (GatewayError::BadJson("x".into()), 400),
             (GatewayError::BodyTooLarge { limit: 1 }, 413),
             (GatewayError::ClientBody, 400),
+            (GatewayError::BodyTimeout { seconds: 1.0 }, 408),
+            (GatewayError::Overloaded, 503),
             (GatewayError::UnsupportedEncoding("compress".into()), 415),
             (GatewayError::BadEncoding("cut".into()), 400),
             (
@@ -135,6 +153,7 @@ mod tests {
             (GatewayError::UpstreamTimeout("first byte"), 504),
             (GatewayError::StoreUnavailable, 503),
             (GatewayError::BadCursor, 400),
+            (GatewayError::Unauthorized, 401),
             (GatewayError::Internal, 500),
         ];
         for (err, status) in cases {

@@ -28,10 +28,73 @@ pub fn first_mut<'a>(value: &'a mut Value, key: &str) -> Option<&'a mut Value> {
     member_mut(value, key)?.as_array_mut()?.first_mut()
 }
 
+/// `raw` JSON with every lone UTF-16 surrogate escape (`\ud83d` not followed by its low half,
+/// or a low half alone) replaced by `\ufffd`; `None` when there is none. JSON allows them (a JS
+/// tool that cuts a string mid-emoji writes one), but they have no UTF-8 form, so serde_json
+/// cannot read such a string as text; once replaced, the text can be budgeted like any other.
+pub fn without_lone_surrogates(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let hex = |at: usize| -> Option<u16> {
+        let digits = raw.get(at..at + 4)?;
+        u16::from_str_radix(digits, 16).ok()
+    };
+    // The escape `\uXXXX` starting at `at`, if there is one.
+    let escape = |at: usize| -> Option<u16> {
+        (bytes.get(at) == Some(&b'\\') && bytes.get(at + 1) == Some(&b'u'))
+            .then(|| hex(at + 2))
+            .flatten()
+    };
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    while let Some(found) = memchr::memchr(b'\\', &bytes[i..]) {
+        let at = i + found;
+        let Some(unit) = escape(at) else {
+            i = at + 2; // `\\`, `\"` and the like: skip the escaped character
+            continue;
+        };
+        let high = (0xD800..0xDC00).contains(&unit);
+        let low = (0xDC00..0xE000).contains(&unit);
+        let paired = high && escape(at + 6).is_some_and(|next| (0xDC00..0xE000).contains(&next));
+        if paired {
+            i = at + 12;
+        } else if high || low {
+            let fixed = out.get_or_insert_with(|| String::with_capacity(raw.len()));
+            fixed.push_str(&raw[copied..at]);
+            fixed.push_str("\\ufffd");
+            copied = at + 6;
+            i = at + 6;
+        } else {
+            i = at + 6;
+        }
+    }
+    let mut fixed = out?;
+    fixed.push_str(&raw[copied..]);
+    Some(fixed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn lone_surrogates_become_replacement_characters() {
+        let fixed = |s: &str| without_lone_surrogates(s);
+        assert_eq!(fixed(r#""ok \ud83d\ude00 pair""#), None);
+        assert_eq!(
+            fixed(r#""plain \n \\ud83d text""#),
+            None,
+            "an escaped backslash"
+        );
+        assert_eq!(fixed(r#""cut \ud83d""#).as_deref(), Some(r#""cut \ufffd""#));
+        assert_eq!(
+            fixed(r#""\ude00 and \uD83D\u0041""#).as_deref(),
+            Some(r#""\ufffd and \ufffd\u0041""#)
+        );
+        let read: String = serde_json::from_str(&fixed(r#""a\ud83db""#).unwrap()).unwrap();
+        assert_eq!(read, "a\u{fffd}b");
+    }
 
     #[test]
     fn writes_into_values_of_another_kind_do_nothing() {

@@ -53,6 +53,8 @@ pub struct Metrics {
     /// preparing the response head; excludes the client upload and the upstream wait.
     pub overhead_seconds: Histogram,
     pub inflight_requests: IntGauge,
+    /// Client connections open on the proxy listener (at most `max_connections`).
+    pub connections_open: IntGauge,
     /// Relayed `text/event-stream` bodies by how they ended, recorded at the end.
     pub streams_total: IntCounterVec,
     /// sluice's own error responses by kind.
@@ -251,6 +253,11 @@ impl Metrics {
         registry.register(Box::new(upstream_duration_seconds.clone()))?;
         registry.register(Box::new(overhead_seconds.clone()))?;
         registry.register(Box::new(inflight_requests.clone()))?;
+        let connections_open = IntGauge::new(
+            "sluice_connections_open",
+            "Client connections open on the proxy listener.",
+        )?;
+        registry.register(Box::new(connections_open.clone()))?;
         registry.register(Box::new(streams_total.clone()))?;
         registry.register(Box::new(errors_total.clone()))?;
         #[cfg(target_os = "linux")]
@@ -264,6 +271,7 @@ impl Metrics {
             upstream_duration_seconds,
             overhead_seconds,
             inflight_requests,
+            connections_open,
             streams_total,
             errors_total,
             spills_total,

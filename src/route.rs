@@ -15,6 +15,8 @@ pub struct Route {
     base_url: reqwest::Url,
     /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
     pub api_key: Option<HeaderValue>,
+    /// The tenant of requests without a credential (`tenant`), if the route names one.
+    pub tenant: Option<crate::tenant::Tenant>,
 }
 
 impl std::fmt::Debug for Route {
@@ -88,6 +90,7 @@ impl RouteTable {
                 config: config.clone(),
                 models,
                 api_key,
+                tenant: (!config.tenant.is_empty()).then(|| crate::tenant::Tenant::named(&config.tenant)),
             });
         }
         Ok(Self { routes })

@@ -66,6 +66,11 @@ pub const NEXT_CURSOR: &str = "x-sluice-next-cursor";
 const NOTHING_PROJECTED: &str = "spilled=0; embedded=0; deferred=0; refused=0; placeholders=0";
 /// A client must send its request head within this time (slow-loris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request body waits for room under `max_inflight_body_bytes` before its 503.
+const BODY_ROOM_WAIT: Duration = Duration::from_secs(10);
+/// File descriptors kept back from the connection cap: listeners, store files, logs, the
+/// upstream connections of the requests in flight are counted separately (one per connection).
+const RESERVED_FDS: u64 = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -105,6 +110,10 @@ struct Shared {
     session_header: http::HeaderName,
     /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
     seen: moka::sync::Cache<String, ()>,
+    /// One permit per client connection served (`max_connections`).
+    connections: Arc<tokio::sync::Semaphore>,
+    /// One permit per request body byte buffered (`max_inflight_body_bytes`).
+    body_room: Arc<tokio::sync::Semaphore>,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -177,6 +186,11 @@ impl Server {
                 source,
             })?;
         let id_prefix = uuid::Uuid::new_v4().as_u64_pair().0;
+        let max_connections = connection_cap(config.max_connections);
+        tracing::info!(max_connections, "connection cap");
+        let body_room = usize::try_from(config.max_inflight_body_bytes)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
         Ok(Server {
             shared: Arc::new(Shared {
                 config,
@@ -194,6 +208,8 @@ impl Server {
                     .max_capacity(1_000_000)
                     .time_to_idle(ttl)
                     .build(),
+                connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+                body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
             }),
             proxy,
             admin,
@@ -379,9 +395,18 @@ fn worker(shared: Arc<Shared>, listener: std::net::TcpListener, mut stop: watch:
         let graceful = GracefulShutdown::new();
         let tasks = TaskTracker::new();
         loop {
+            // At the connection cap, stop accepting: new connections wait in the listen queue
+            // instead of failing for want of file descriptors.
+            let permit = tokio::select! {
+                permit = app.connections.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+                _ = stop.wait_for(|stop| *stop) => break,
+            };
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => serve_proxy(&app, &tasks, &graceful, stream),
+                    Ok((stream, _)) => serve_proxy(&app, &tasks, &graceful, stream, permit),
                     Err(e) => accept_error(e).await,
                 },
                 _ = stop.wait_for(|stop| *stop) => break,
@@ -421,12 +446,48 @@ fn serve_proxy(
     tasks: &TaskTracker,
     graceful: &GracefulShutdown,
     stream: tokio::net::TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let app = app.clone();
+    let open = app.metrics.connections_open.clone();
+    open.inc();
+    let held = ConnectionSlot { permit, open };
     serve(tasks, graceful, stream, move |req| {
         let app = app.clone();
+        let _slot = &held;
         async move { app.handle(req).await }
     });
+}
+
+/// A connection's place under `max_connections`, given back when the connection ends.
+struct ConnectionSlot {
+    #[allow(dead_code)] // held for its drop
+    permit: tokio::sync::OwnedSemaphorePermit,
+    open: prometheus::IntGauge,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+/// The connection cap: `configured`, or derived from the file-descriptor limit (raised to its
+/// hard limit first): each connection may hold its own socket and one to the provider.
+fn connection_cap(configured: usize) -> usize {
+    let limit = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the file-descriptor limit");
+            rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+        }
+    };
+    let derived = usize::try_from(limit.saturating_sub(RESERVED_FDS) / 2).unwrap_or(usize::MAX);
+    // A worker takes its permit before it accepts: never more connections than permits.
+    match configured {
+        0 => derived.max(16),
+        n => n,
+    }
 }
 
 fn serve_admin(
@@ -607,10 +668,12 @@ impl App {
         inflight: InFlight,
     ) -> Result<Response<Body>, GatewayError> {
         let (mut parts, incoming) = req.into_parts();
-        let tenant = Tenant::from_headers(&parts.headers);
         let coding = Coding::of(&parts.headers).map_err(GatewayError::UnsupportedEncoding)?;
         let limit = self.config.max_body_bytes;
-        let mut body = read_body(incoming, &parts.headers, limit).await?;
+        let timeout = self.config.request_body_timeout();
+        // The body's share of max_inflight_body_bytes, held until the request is forwarded.
+        let (mut body, _room) =
+            read_body(incoming, &parts.headers, limit, timeout, &self.body_room).await?;
         if coding != Coding::Identity {
             // Projection reads the decoded body, and what is forwarded goes out uncompressed.
             body = decode_body(body, coding, limit).await?;
@@ -629,6 +692,9 @@ impl App {
                 model: model.chars().take(200).collect(),
             })?;
         ctx.route.clone_from(&route.config.name);
+        let tenant = Tenant::of_request(&parts.headers)
+            .or_else(|| route.tenant.clone())
+            .unwrap_or_else(Tenant::anonymous);
         // A store that cannot be read must not fail the request: it goes on without delivery
         // state, and commits nothing. A request without images needs no session at all.
         let prepared = projection::Prepared::new(&view, &tenant, &self.media);
@@ -857,13 +923,27 @@ impl App {
         let (parts, incoming) = req.into_parts();
         let url = route.url(&parts.uri);
         let headers = upstream::request_headers(parts.headers, route, ctx.family);
+        let expired = Arc::new(AtomicBool::new(false));
         let body = if http_body::Body::is_end_stream(&incoming) {
             reqwest::Body::from(Bytes::new())
         } else {
-            reqwest::Body::wrap(incoming)
+            let timeout = self.config.request_body_timeout();
+            reqwest::Body::wrap(TimedBody {
+                inner: incoming,
+                deadline: Box::pin(tokio::time::sleep(timeout)),
+                expired: expired.clone(),
+            })
         };
         let sent_at = Instant::now();
-        let started = self.upstream.send(parts.method, url, headers, body).await?;
+        let sent = self.upstream.send(parts.method, url, headers, body).await;
+        let started = match sent {
+            Err(_) if expired.load(Ordering::Relaxed) => {
+                return Err(GatewayError::BodyTimeout {
+                    seconds: self.config.request_body_timeout_seconds,
+                })
+            }
+            other => other?,
+        };
         self.metrics
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
@@ -934,7 +1014,15 @@ impl App {
         if req.method() != Method::GET {
             return Err(not_found());
         }
-        let tenant = Tenant::from_headers(req.headers());
+        // Without a credential (and no route naming a tenant for that case) nobody can be told
+        // apart: 401, never the shared anonymous tenant's artifacts (S3).
+        let tenant = Tenant::of_request(req.headers())
+            .or_else(|| {
+                self.routes
+                    .select_family(ctx.family)
+                    .and_then(|r| r.tenant.clone())
+            })
+            .ok_or(GatewayError::Unauthorized)?;
         let store_error = |e: crate::store::StoreError| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "artifact read failed");
             GatewayError::StoreUnavailable
@@ -1011,6 +1099,12 @@ impl App {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if err.status() == StatusCode::REQUEST_TIMEOUT {
+            // The rest of that body is not waited for: the connection ends here.
+            response
+                .headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -1107,12 +1201,17 @@ impl Shared {
 }
 
 /// Reads a request body, refusing it as soon as it passes `limit` bytes (P4: 413), and at once
-/// when its declared length already does. A single-chunk body is kept without a copy.
+/// when its declared length already does; one that has not fully arrived within `timeout` gets
+/// 408. Each chunk takes its room under `max_inflight_body_bytes` (`room`) first: the permit
+/// returned holds it until dropped; no room within [`BODY_ROOM_WAIT`] is a 503. A single-chunk
+/// body is kept without a copy.
 async fn read_body(
     mut incoming: Incoming,
     headers: &http::HeaderMap,
     limit: u64,
-) -> Result<Bytes, GatewayError> {
+    timeout: Duration,
+    room: &Arc<tokio::sync::Semaphore>,
+) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), GatewayError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -1121,9 +1220,21 @@ async fn read_body(
         drain(incoming).await;
         return Err(GatewayError::BodyTooLarge { limit });
     }
+    let started = tokio::time::Instant::now();
+    let (deadline, room_deadline) = (started + timeout, started + BODY_ROOM_WAIT);
     let mut chunks: Vec<Bytes> = Vec::new();
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
     let mut total = 0u64;
-    while let Some(frame) = incoming.frame().await {
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, incoming.frame()).await {
+            Err(_) => {
+                return Err(GatewayError::BodyTimeout {
+                    seconds: timeout.as_secs_f64(),
+                })
+            }
+            Ok(None) => break,
+            Ok(Some(frame)) => frame,
+        };
         let frame = frame.map_err(|e| {
             tracing::debug!(error = %e, "client body read failed");
             GatewayError::ClientBody
@@ -1136,13 +1247,62 @@ async fn read_body(
             drain(incoming).await;
             return Err(GatewayError::BodyTooLarge { limit });
         }
+        let wanted = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let permit =
+            tokio::time::timeout_at(room_deadline, room.clone().acquire_many_owned(wanted));
+        match permit.await {
+            Ok(Ok(permit)) => match &mut held {
+                Some(held) => held.merge(permit),
+                None => held = Some(permit),
+            },
+            _ => return Err(GatewayError::Overloaded),
+        }
         chunks.push(data);
     }
-    Ok(match chunks.len() {
+    let body = match chunks.len() {
         0 => Bytes::new(),
         1 => chunks.swap_remove(0),
         _ => Bytes::from(chunks.concat()),
-    })
+    };
+    Ok((body, held))
+}
+
+/// A client body streamed to the upstream (P5), cut when it has not fully arrived by its
+/// deadline; `expired` says so, for the 408.
+struct TimedBody {
+    inner: Incoming,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    expired: Arc<AtomicBool>,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        use std::task::Poll;
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(BoxError::from)));
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.expired.store(true, Ordering::Relaxed);
+                Poll::Ready(Some(Err("the request body did not arrive in time".into())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Decodes a compressed request body off the I/O thread, refusing it as soon as its decoded

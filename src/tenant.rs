@@ -15,23 +15,37 @@ impl std::fmt::Debug for Tenant {
 }
 
 impl Tenant {
-    /// The tenant of a request: its `x-api-key`, else its `Authorization` bearer token (the
-    /// same key sent either way is the same tenant), else the anonymous tenant.
-    pub fn from_headers(headers: &HeaderMap) -> Tenant {
-        let credential = headers
-            .get("x-api-key")
-            .map(|v| v.as_bytes())
-            .or_else(|| {
-                headers.get(http::header::AUTHORIZATION).map(|v| {
-                    let v = v.as_bytes();
-                    match v.get(..7) {
-                        Some(prefix) if prefix.eq_ignore_ascii_case(b"bearer ") => &v[7..],
-                        _ => v,
-                    }
-                })
-            })
-            .unwrap_or_default();
-        Tenant::from_credential(credential)
+    /// The tenant of a request's credential: its `x-api-key`, else its `Authorization` bearer
+    /// token (the same key sent either way is the same tenant). An empty or blank value counts
+    /// as absent, so it never wins over a present one. `None` without a credential.
+    pub fn of_request(headers: &HeaderMap) -> Option<Tenant> {
+        let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
+        let bearer = headers.get(http::header::AUTHORIZATION).map(|v| {
+            let v = v.as_bytes();
+            match v.get(..7) {
+                Some(prefix) if prefix.eq_ignore_ascii_case(b"bearer ") => &v[7..],
+                _ => v,
+            }
+        });
+        [api_key, bearer]
+            .into_iter()
+            .flatten()
+            .find(|c| !c.trim_ascii().is_empty())
+            .map(Tenant::from_credential)
+    }
+
+    /// The tenant a route names for requests without a credential (`routes.tenant`).
+    pub fn named(name: &str) -> Tenant {
+        let mut h = Sha256::new();
+        h.update(b"sluice-named-tenant\0");
+        h.update(name.as_bytes());
+        Tenant(h.finalize().into())
+    }
+
+    /// The tenant of requests without a credential and without a named tenant: they share it,
+    /// so sluice's own endpoints refuse them (401) and only in-band reads reach their artifacts.
+    pub fn anonymous() -> Tenant {
+        Tenant::from_credential(b"")
     }
 
     pub fn from_credential(credential: &[u8]) -> Tenant {
@@ -70,12 +84,17 @@ mod tests {
 
     #[test]
     fn one_key_one_tenant_however_it_is_sent() {
-        let a = Tenant::from_headers(&headers(&[("x-api-key", "sk-1")]));
-        let b = Tenant::from_headers(&headers(&[("authorization", "Bearer sk-1")]));
-        let c = Tenant::from_headers(&headers(&[("authorization", "bearer sk-2")]));
+        let a = Tenant::of_request(&headers(&[("x-api-key", "sk-1")])).unwrap();
+        let b = Tenant::of_request(&headers(&[("authorization", "Bearer sk-1")])).unwrap();
+        let c = Tenant::of_request(&headers(&[("authorization", "bearer sk-2")])).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_ne!(a, Tenant::from_headers(&HeaderMap::new()));
+        assert_eq!(Tenant::of_request(&HeaderMap::new()), None);
+        // An empty key never wins over a present bearer token.
+        let d = Tenant::of_request(&headers(&[("x-api-key", " "), ("authorization", "Bearer sk-1")]));
+        assert_eq!(d, Some(a.clone()));
+        assert_eq!(Tenant::of_request(&headers(&[("x-api-key", ""), ("authorization", "Bearer ")])), None);
+        assert_ne!(Tenant::named("sidecar"), Tenant::anonymous());
         assert_eq!(format!("{a:?}"), "Tenant(<redacted>)");
         assert_eq!(a.namespace().len(), 32);
         assert!(!a.namespace().contains("sk-1"));

@@ -307,7 +307,7 @@ async fn idle_sessions_and_artifacts_expire_s2() {
         "drain_timeout_seconds = 5\n[store]\nidle_ttl_seconds = 1",
     ));
     let body = history("render_chart", 1, false);
-    post(&sluice, "/v1/messages", &body).await;
+    common::post_as(&sluice, "/v1/messages", "key-ttl", &body).await;
     committed(&sluice, 1.0).await;
     let text = mock.last().json()["messages"][2]["content"][0]["content"][0]["text"]
         .as_str()
@@ -315,16 +315,17 @@ async fn idle_sessions_and_artifacts_expire_s2() {
         .to_string();
     let at = text.find("artifact://").unwrap() + 11;
     let id: String = text[at..].chars().take(33).collect();
-    post(&sluice, "/v1/messages", &body).await;
+    common::post_as(&sluice, "/v1/messages", "key-ttl", &body).await;
     assert_eq!(embedded(&mock), 0, "shown once within the TTL");
     tokio::time::sleep(Duration::from_millis(2600)).await;
     let gone = client()
         .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth("key-ttl")
         .send()
         .await
         .unwrap();
     assert_eq!(gone.status(), 404, "the idle artifact expired");
-    post(&sluice, "/v1/messages", &body).await;
+    common::post_as(&sluice, "/v1/messages", "key-ttl", &body).await;
     assert_eq!(
         embedded(&mock),
         1,

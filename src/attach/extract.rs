@@ -320,7 +320,7 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                 },
                 Some("input_image" | "image_url") => {
                     match p.image_url.as_ref().map(ImageUrl::url) {
-                        Some(url) if url.starts_with("data:") => {
+                        Some(url) if is_data_url(url) => {
                             let (mime, data) = split_data_url(url);
                             texts.push(finder.image(data, mime, lifetime));
                             finder.keep_extras(part);
@@ -379,14 +379,29 @@ fn extras(part: &RawValue) -> Option<Extras> {
 
 /// `data:<mime>;base64,<data>` → (mime, data). Anything else: no mime, and the whole string as
 /// data (which then fails the base64 check, as it should).
+/// The scheme and the `;base64,` marker are matched in any case (RFC 2397: `data:IMAGE/PNG;
+/// BASE64,…` is the same URL).
 pub fn split_data_url(url: &str) -> (Option<&str>, &str) {
-    match url
-        .strip_prefix("data:")
-        .and_then(|u| u.split_once(";base64,"))
-    {
-        Some((mime, data)) => (Some(mime), data),
+    if !is_data_url(url) {
+        return (None, url);
+    }
+    let rest = &url["data:".len()..];
+    // The marker follows the media type and its parameters: within the first few hundred bytes.
+    let marker = rest
+        .as_bytes()
+        .windows(8)
+        .take(512)
+        .position(|w| w.eq_ignore_ascii_case(b";base64,"));
+    match marker {
+        Some(at) => (Some(&rest[..at]), &rest[at + 8..]),
         None => (None, url),
     }
+}
+
+/// Whether `url` is a `data:` URL (the scheme in any case).
+pub fn is_data_url(url: &str) -> bool {
+    url.get(.."data:".len())
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("data:"))
 }
 
 /// A user message's image part (chat `image_url`, Anthropic `image`, Responses `input_image`)
@@ -412,7 +427,7 @@ pub fn user_part(part: &RawValue, k: usize, tenant: &Tenant) -> Option<Item> {
         (Some(Source { url: Some(url), .. }), _) => {
             finder.remote(&url);
         }
-        (_, Some(image_url)) if image_url.url().starts_with("data:") => {
+        (_, Some(image_url)) if is_data_url(image_url.url()) => {
             let (mime, data) = split_data_url(image_url.url());
             finder.image(data, mime, None);
         }

@@ -69,14 +69,13 @@ impl Dialect {
     /// JSON at all (P4: 400); JSON of an unexpected shape gives an empty view, so the request is
     /// forwarded untouched and the provider answers it as it would without sluice.
     pub fn read_view(self, body: &[u8]) -> Result<RequestView<'_>, serde_json::Error> {
-        let text = match std::str::from_utf8(body) {
-            Ok(text) => text,
-            Err(_) => {
-                // Let serde_json produce the error, with its position, for non-UTF-8 input.
-                serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
-                return Ok(RequestView::empty(self, body));
-            }
-        };
+        // JSON is UTF-8 (RFC 8259); a provider would refuse anything else.
+        let text = std::str::from_utf8(body).map_err(|e| {
+            <serde_json::Error as serde::de::Error>::custom(format_args!(
+                "the body is not UTF-8 (at byte {})",
+                e.valid_up_to()
+            ))
+        })?;
         let parsed = match self {
             Dialect::OpenAiChat => openai_chat::read(text),
             Dialect::OpenAiResponses => openai_responses::read(text),
@@ -84,6 +83,9 @@ impl Dialect {
         };
         match parsed {
             Ok(view) => Ok(view),
+            // A key twice where sluice reads: the provider would read the last one, unprojected,
+            // so it is refused rather than guessed at.
+            Err(e) if e.to_string().starts_with("duplicate field") => Err(e),
             Err(e) if e.classify() == serde_json::error::Category::Data => {
                 // The shape was unexpected before the end was reached: the rest must still be
                 // JSON (and within the nesting limit) to be forwarded.

@@ -198,7 +198,15 @@ fn project_result(
     result: &ToolResult<'_>,
     policy: &Policy<'_>,
 ) -> (Memoized, Option<Spill>) {
-    let Some((text, parts)) = read_content(result.content) else {
+    // A lone surrogate escape has no UTF-8 form: it is read as U+FFFD, so the result is still
+    // budgeted (docs/text-exit.md).
+    let fixed = read_content(result.content)
+        .is_none()
+        .then(|| crate::json::without_lone_surrogates(result.content.get()))
+        .flatten()
+        .and_then(|raw| RawValue::from_string(raw).ok());
+    let content = fixed.as_deref().unwrap_or(result.content);
+    let Some((text, parts)) = read_content(content) else {
         return (None, None);
     };
     let Some((page, spill)) = page_text(&text, policy) else {

@@ -26,6 +26,19 @@ pub fn render(
 ) -> Rendered {
     let total_lines = lines.count();
     let total_units = lines.total_units();
+    // A cursor names its position; one past the text (a forged cursor, or an artifact stored
+    // again differently) reads from the end, so the notice stays within the real range.
+    let from = match usize::try_from(from.line) {
+        Ok(line) if line < total_lines => Position {
+            line: from.line,
+            unit: from.unit.min(utf16_len(lines.line(line)) as u32),
+        },
+        _ if total_lines == 0 => Position::default(),
+        _ => Position {
+            line: (total_lines - 1) as u32,
+            unit: 0,
+        },
+    };
     // Room for the longest notice this text can have: every number at its largest.
     let widest = total_lines.max(total_units).max(1) as u32;
     let worst = notice(
@@ -161,6 +174,33 @@ mod tests {
                 unit: 0
             }
         );
+    }
+
+    #[test]
+    fn a_position_outside_the_text_reads_within_its_range() {
+        let text: String = (1..=100).map(|i| format!("line {i}\n")).collect();
+        let (t, id) = setup(&text);
+        let budget = Budget {
+            lines: 10,
+            units: 1024,
+        };
+        for line in [100, 101, u32::MAX - 1, u32::MAX] {
+            let from = Position { line, unit: 7 };
+            let r = render(&Lines::new(&text), &id, &t, from, budget, "r");
+            let notice = r.text.lines().last().unwrap();
+            assert!(
+                notice.starts_with("[sluice: lines 100-100 of 100 "),
+                "{line}: {notice}"
+            );
+        }
+        let far = Position {
+            line: 4,
+            unit: u32::MAX,
+        };
+        let r = render(&Lines::new(&text), &id, &t, far, budget, "r");
+        assert!(r.text.lines().last().unwrap().contains(" of 100 "));
+        let empty = render(&Lines::new(""), &id, &t, far, budget, "r");
+        assert!(empty.text.contains("[sluice: lines "), "{}", empty.text);
     }
 
     #[test]

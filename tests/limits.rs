@@ -1,0 +1,140 @@
+//! End-to-end: limits on what a client controls (issue "reliability"; SPEC P4, S5, 9.1). A body
+//! that trickles gets 408 and its connection closed; past `max_connections` sluice stops
+//! accepting instead of failing accepts; config values outside what sluice can honour are
+//! refused at `check-config`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, config_for, metric, MockUpstream, Sluice};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Opens a connection and sends a request head announcing `length` body bytes, then `sent` of
+/// them, and stalls.
+async fn trickle(sluice: &Sluice, path: &str, length: usize, sent: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(sluice.proxy).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: sluice\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&b"{".repeat(sent)).await.unwrap();
+    stream
+}
+
+/// Everything the server sends until it closes the connection (or `limit` passes).
+async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(limit, stream.read_to_end(&mut out))
+        .await
+        .is_ok();
+    (String::from_utf8_lossy(&out).to_string(), closed)
+}
+
+#[tokio::test]
+async fn a_trickled_body_gets_408_in_the_dialects_shape_and_the_connection_closes() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "request_body_timeout_seconds = 1",
+    ));
+    for (path, anthropic) in [
+        ("/v1/messages", true),
+        ("/v1/chat/completions", false),
+        ("/v1/models", false),
+    ] {
+        let started = Instant::now();
+        let mut stream = trickle(&sluice, path, 1000, 10).await;
+        let (text, closed) = read_to_close(&mut stream, Duration::from_secs(10)).await;
+        assert!(closed, "{path}: the connection is closed");
+        assert!(started.elapsed() < Duration::from_secs(8), "{path}");
+        assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text}");
+        let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        if anthropic {
+            assert_eq!(body["type"], "error");
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+        } else {
+            assert_eq!(body["error"]["code"], "body_timeout");
+        }
+    }
+    assert!(mock.requests().iter().all(|r| r.uri != "/v1/messages"));
+    let m = sluice.metrics().await;
+    assert_eq!(
+        metric(&m, "sluice_errors_total{kind=\"body_timeout\"}"),
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn past_max_connections_sluice_stops_accepting_and_serves_in_turn() {
+    let mock = MockUpstream::start();
+    let config = config_for(
+        &mock.base_url(),
+        "max_connections = 4\nrequest_body_timeout_seconds = 2",
+    );
+    let sluice = Sluice::start(&config);
+    // Eight slow bodies: four are served (and cut after 2 s), four wait to be accepted.
+    let mut slow = Vec::new();
+    for _ in 0..8 {
+        slow.push(trickle(&sluice, "/v1/chat/completions", 1000, 1).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = sluice.metrics().await;
+    assert_eq!(metric(&m, "sluice_connections_open"), 4.0, "{m}");
+    // A normal request is served once the slow ones are cut, not refused.
+    let started = Instant::now();
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    let resp = client()
+        .post(sluice.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    let logs = sluice.logs().join("\n");
+    assert!(!logs.contains("accept failed"), "{logs}");
+    for mut stream in slow {
+        let (text, _) = read_to_close(&mut stream, Duration::from_secs(10)).await;
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+}
+
+#[test]
+fn values_sluice_cannot_honour_are_refused_by_check_config() {
+    for (line, key) in [
+        (
+            "[store]\nidle_ttl_seconds = 40000000000",
+            "store.idle_ttl_seconds",
+        ),
+        (
+            "request_body_timeout_seconds = 0",
+            "request_body_timeout_seconds",
+        ),
+        ("max_inflight_body_bytes = 1000", "max_inflight_body_bytes"),
+        ("worker_threads = 100000", "worker_threads"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(&path, line).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("check-config")
+            .arg("--config")
+            .arg(&path)
+            .env_remove("SLUICE_CONFIG")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{line}: {text}");
+        assert!(text.contains(key), "{line}: {text}");
+    }
+}
