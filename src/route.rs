@@ -90,7 +90,8 @@ impl RouteTable {
                 config: config.clone(),
                 models,
                 api_key,
-                tenant: (!config.tenant.is_empty()).then(|| crate::tenant::Tenant::named(&config.tenant)),
+                tenant: (!config.tenant.is_empty())
+                    .then(|| crate::tenant::Tenant::named(&config.tenant)),
             });
         }
         Ok(Self { routes })

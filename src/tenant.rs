@@ -91,9 +91,15 @@ mod tests {
         assert_ne!(a, c);
         assert_eq!(Tenant::of_request(&HeaderMap::new()), None);
         // An empty key never wins over a present bearer token.
-        let d = Tenant::of_request(&headers(&[("x-api-key", " "), ("authorization", "Bearer sk-1")]));
+        let d = Tenant::of_request(&headers(&[
+            ("x-api-key", " "),
+            ("authorization", "Bearer sk-1"),
+        ]));
         assert_eq!(d, Some(a.clone()));
-        assert_eq!(Tenant::of_request(&headers(&[("x-api-key", ""), ("authorization", "Bearer ")])), None);
+        assert_eq!(
+            Tenant::of_request(&headers(&[("x-api-key", ""), ("authorization", "Bearer ")])),
+            None
+        );
         assert_ne!(Tenant::named("sidecar"), Tenant::anonymous());
         assert_eq!(format!("{a:?}"), "Tenant(<redacted>)");
         assert_eq!(a.namespace().len(), 32);

@@ -343,6 +343,18 @@ impl http_body::Body for RelayBody {
                 this.chunk(chunk)
             }
             Poll::Ready(None) => {
+                // An event stream that ends before its dialect's final event did not complete
+                // (A9): the client sees it cut, never a clean end that looks complete.
+                let cut = |w: &Completion| w.can_tell() && !w.is_complete();
+                if this.success && this.watch.as_ref().is_some_and(cut) {
+                    tracing::warn!(
+                        "upstream stream ended before its final event; cut for the client"
+                    );
+                    this.end(StreamOutcome::UpstreamError);
+                    return Poll::Ready(Some(Err(
+                        "upstream stream ended before its final event".into()
+                    )));
+                }
                 this.end(StreamOutcome::Completed);
                 Poll::Ready(None)
             }

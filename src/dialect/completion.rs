@@ -83,6 +83,12 @@ impl Completion {
         self.done && !self.failed
     }
 
+    /// Whether the watch could read the stream so far (no over-long line, no undecodable
+    /// bytes): only then does a missing final event mean the stream was cut.
+    pub fn can_tell(&self) -> bool {
+        !self.failed
+    }
+
     fn line_done(&mut self, line: &[u8]) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if let Some(name) = line.strip_prefix(b"event:") {

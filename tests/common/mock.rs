@@ -56,6 +56,10 @@ pub enum Reply {
     Gate { events: usize },
     /// Text parts and tool calls, in order.
     Parts(Vec<Part>),
+    /// These bytes as a 200 `text/event-stream`, chunk by chunk (a misbehaving provider).
+    RawSse(Vec<String>),
+    /// These bytes as a 200 `application/json` body (a misbehaving provider).
+    RawJson(String),
     /// Like a model reading a spilled result: `before` (text), then a call of the request's
     /// read tool (its last tool) with the newest cursor in the request, then a call of `also`
     /// (an agent tool, for mixed calls). With no cursor left to read, the text `answer`.
@@ -390,6 +394,12 @@ async fn respond(
     };
     match reply {
         Reply::Status(code, body) => json_response(code, body),
+        Reply::RawJson(body) => json_response(200, body),
+        Reply::RawSse(chunks) => sse_response(stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, BoxError>(Bytes::from(c))),
+        )),
         Reply::StallHead(pause) => {
             tokio::time::sleep(pause).await;
             json_response(200, dialect.json(&model, &content).to_string())
