@@ -112,6 +112,48 @@ fn history(request: &Value) -> String {
     r.to_string()
 }
 
+/// The request that showed the model the spilled first page (with the read tool offered last),
+/// after checking that the model then read the next page through it (T3, C1, C2).
+fn spilled_and_read<'a>(requests: &'a [Value], case: &str) -> &'a Value {
+    let spilled = requests
+        .iter()
+        .find(|r| history(r).contains("[sluice: lines 1-1999 of "))
+        .unwrap_or_else(|| {
+            let notices: Vec<String> = requests
+                .iter()
+                .map(history)
+                .flat_map(|h| {
+                    h.match_indices("[sluice:")
+                        .map(|(i, _)| h[i..(i + 120).min(h.len())].to_string())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            panic!("{case}: no spilled page reached the model: {notices:?}")
+        });
+    let tools = spilled["tools"].as_array().unwrap();
+    assert_eq!(tools.last().unwrap()["name"], "sluice_read", "{case}");
+    assert!(
+        requests
+            .iter()
+            .any(|r| history(r).contains("sluice: lines 2000-")),
+        "{case}: the model read the next page"
+    );
+    spilled
+}
+
+/// Every request of the agent's next turn carries the hidden round (the read call and the page
+/// it read) spliced back where the agent's copy of the answer stands (C3).
+fn spliced(next: &[Value], case: &str) {
+    assert!(!next.is_empty(), "{case}: no second turn reached the model");
+    for r in next {
+        let h = history(r);
+        assert!(
+            h.contains("\"name\":\"sluice_read\"") && h.contains("sluice: lines 2000-"),
+            "{case}: the hidden round is spliced back"
+        );
+    }
+}
+
 const PROMPT: &str =
     "Count to 5000 with the shell and tell me what you saw. mock:shell=5000 mock:read=1";
 
@@ -159,30 +201,7 @@ fn claude_code_reads_a_spilled_bash_result_through_sluice() {
         assert_eq!(result["is_error"], false, "{case}: {result}");
         assert_eq!(result["result"], "Read 1 pages.", "{case}: {result}");
         assert!(!out.contains("sluice_read"), "{case}: the read call leaked");
-        let messages = on(&mock, "/v1/messages");
-        // The spilled page and its notice reached the model, and the read tool was offered.
-        let spilled = messages
-            .iter()
-            .find(|m| history(m).contains("[sluice: lines 1-1999 of 500"))
-            .unwrap_or_else(|| {
-                let all: Vec<String> = messages.iter().map(history).collect();
-                let notices: Vec<&str> = all
-                    .iter()
-                    .flat_map(|h| {
-                        h.match_indices("[sluice:")
-                            .map(|(i, _)| &h[i..(i + 120).min(h.len())])
-                    })
-                    .collect();
-                panic!("{case}: no spilled page reached the model: {notices:?}")
-            });
-        let tools = spilled["tools"].as_array().unwrap();
-        assert_eq!(tools.last().unwrap()["name"], "sluice_read", "{case}");
-        assert!(
-            messages
-                .iter()
-                .any(|m| history(m).contains("sluice: lines 2000-")),
-            "{case}: the model read the next page"
-        );
+        spilled_and_read(&on(&mock, "/v1/messages"), &case);
         // The next turn carries the hidden round (the read call and its page) spliced back.
         let before = mock.requests().len();
         let (ok, out, err) = claude(&["-p", "And now? mock:read=1", "--continue"]);
@@ -194,14 +213,7 @@ fn claude_code_reads_a_spilled_bash_result_through_sluice() {
             .map(common::mock::Recorded::json)
             .filter(|m| history(m).contains("And now?"))
             .collect();
-        assert!(!next.is_empty(), "{case}: no second turn reached the model");
-        for m in &next {
-            let h = history(m);
-            assert!(
-                h.contains("\"name\":\"sluice_read\"") && h.contains("sluice: lines 2000-"),
-                "{case}: the hidden round is spliced back"
-            );
-        }
+        spliced(&next, &case);
         let m = futures_executor(sluice.metrics());
         assert_eq!(
             metric(&m, "sluice_commits_total{outcome=\"discarded\"}"),
@@ -241,29 +253,10 @@ fn codex_reads_a_spilled_exec_result_through_sluice() {
         assert!(out.contains("Read 1 pages."), "{case}: no answer");
         assert!(!out.contains("sluice_read"), "{case}: the read call leaked");
         let responses = on(&mock, "/v1/responses");
-        let spilled = responses
-            .iter()
-            .find(|r| history(r).contains("[sluice: lines 1-1999 of "))
-            .unwrap_or_else(|| {
-                let all: Vec<String> = responses.iter().map(history).collect();
-                panic!(
-                    "{case}: no spilled page reached the model: {}",
-                    all.last()
-                        .map(|h| &h[h.len().saturating_sub(3000)..])
-                        .unwrap_or("")
-                )
-            });
-        let tools = spilled["tools"].as_array().unwrap();
-        assert_eq!(tools.last().unwrap()["name"], "sluice_read", "{case}");
+        let spilled = spilled_and_read(&responses, &case);
         assert!(
             history(spilled).contains("\\\"analytics_enabled\\\":false"),
             "{case}: Codex analytics are off"
-        );
-        assert!(
-            responses
-                .iter()
-                .any(|r| history(r).contains("sluice: lines 2000-")),
-            "{case}: the model read the next page"
         );
         let before = mock.requests().len();
         let (ok, out, err) = codex(&["resume", "--last", "And now? mock:read=1"]);
@@ -274,14 +267,7 @@ fn codex_reads_a_spilled_exec_result_through_sluice() {
             .filter(|r| r.uri == "/v1/responses")
             .map(common::mock::Recorded::json)
             .collect();
-        assert!(!next.is_empty(), "{case}: no second turn reached the model");
-        for r in &next {
-            let h = history(r);
-            assert!(
-                h.contains("\"name\":\"sluice_read\"") && h.contains("sluice: lines 2000-"),
-                "{case}: the hidden round is spliced back"
-            );
-        }
+        spliced(&next, &case);
     }
 }
 
@@ -448,7 +434,8 @@ fn codex_screenshots_follow_the_recent_pattern_with_detail_kept() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let server = format!(
-        "[mcp_servers.shots]\ncommand = {:?}\nargs = [{:?}]\n",
+        // `required`: the first turn waits for the server (a loaded machine starts it slowly).
+        "[mcp_servers.shots]\ncommand = {:?}\nargs = [{:?}]\nrequired = true\nstartup_timeout_sec = 60\n",
         mcp_python(),
         SCREENSHOTS
     );

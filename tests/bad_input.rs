@@ -23,6 +23,22 @@ fn chat_tool_result(content: &str, stream: bool) -> Value {
         {"role": "tool", "tool_call_id": "c1", "content": content}]})
 }
 
+/// The artifact id and the cursor of the page the last forwarded Anthropic request showed.
+fn spilled(mock: &MockUpstream) -> (String, String) {
+    let shown = mock.last().json()["messages"][2]["content"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = shown.rfind("artifact://").unwrap() + 11;
+    let id = shown[at..].chars().take(33).collect();
+    let cursor = shown[shown.rfind("{\"cursor\":\"").unwrap() + 11..]
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    (id, cursor)
+}
+
 async fn raw(sluice: &Sluice, path: &str, body: Vec<u8>) -> (u16, Value) {
     let resp = client()
         .post(sluice.url(path))
@@ -130,17 +146,7 @@ async fn without_a_credential_sluices_endpoints_answer_401_s3() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let shown = mock.last().json()["messages"][2]["content"][0]["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let at = shown.rfind("artifact://").unwrap() + 11;
-    let id: String = shown[at..].chars().take(33).collect();
-    let cursor: String = shown[shown.rfind("{\"cursor\":\"").unwrap() + 11..]
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let (id, cursor) = spilled(&mock);
     for path in [
         format!("/v1/sluice/artifacts/{id}"),
         format!("/v1/sluice/read?cursor={cursor}"),
@@ -168,12 +174,7 @@ async fn without_a_credential_sluices_endpoints_answer_401_s3() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let shown = mock.last().json()["messages"][2]["content"][0]["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let at = shown.rfind("artifact://").unwrap() + 11;
-    let id: String = shown[at..].chars().take(33).collect();
+    let (id, _) = spilled(&mock);
     let resp = common::get_as(&sluice, &format!("/v1/sluice/artifacts/{id}"), "sk-real").await;
     assert_eq!(resp.status(), 200);
 }
@@ -197,12 +198,7 @@ async fn a_route_can_name_the_tenant_of_requests_without_a_credential() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(mock.last().headers["x-api-key"], "sk-provider");
-    let shown = mock.last().json()["messages"][2]["content"][0]["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let at = shown.rfind("artifact://").unwrap() + 11;
-    let id: String = shown[at..].chars().take(33).collect();
+    let (id, _) = spilled(&mock);
     let resp = client()
         .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
         .header("anthropic-version", "2023-06-01")
