@@ -871,10 +871,20 @@ impl App {
         });
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();
-        let started = self
+        let sent = self
             .upstream
             .send(parts.method, url, headers, forwarded.into())
-            .await?;
+            .await;
+        let started = match sent {
+            Ok(started) => started,
+            Err(e) => {
+                // No response at all: the delta is discarded as for any that did not complete.
+                if commit.is_some() {
+                    self.shared.discarded();
+                }
+                return Err(e);
+            }
+        };
         let answered_at = Instant::now();
         self.metrics
             .upstream_duration_seconds
