@@ -14,7 +14,7 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body")]
     ClientBody,
-    #[error("the request body did not arrive within {seconds} s")]
+    #[error("the request body did not arrive in time (within {seconds} s, at 1 KiB/s or more after the first 5 s)")]
     BodyTimeout { seconds: f64 },
     #[error("sluice is holding as many request bodies as it may; try again shortly")]
     Overloaded,

@@ -27,6 +27,8 @@ pub mod dialect;
 pub mod encoding;
 pub mod error;
 pub mod exit;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod image;
 pub mod json;
 pub mod metrics;

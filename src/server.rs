@@ -68,6 +68,12 @@ const NOTHING_PROJECTED: &str = "spilled=0; embedded=0; deferred=0; refused=0; p
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request body waits for room under `max_inflight_body_bytes` before its 503.
 const BODY_ROOM_WAIT: Duration = Duration::from_secs(10);
+/// After this grace, a request body must keep arriving at [`BODY_MIN_BYTES_PER_SECOND`] on
+/// average (as Apache's `mod_reqtimeout` asks): a client trickling its body is cut in seconds,
+/// not at the full `request_body_timeout_seconds`, so it cannot hold connections for nothing.
+const BODY_GRACE: Duration = Duration::from_secs(5);
+/// 1 KiB/s: any real link sends an agent's request far faster.
+const BODY_MIN_BYTES_PER_SECOND: u64 = 1024;
 /// File descriptors kept back from the connection cap: listeners, store files, logs, the
 /// upstream connections of the requests in flight are counted separately (one per connection).
 const RESERVED_FDS: u64 = 256;
@@ -1232,11 +1238,16 @@ async fn read_body(
     }
     let started = tokio::time::Instant::now();
     let (deadline, room_deadline) = (started + timeout, started + BODY_ROOM_WAIT);
+    // Each byte received buys the body more time, at the minimum rate, after the grace.
+    let paced = |total: u64| {
+        started + BODY_GRACE + Duration::from_millis(total.saturating_mul(1000) / BODY_MIN_BYTES_PER_SECOND)
+    };
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
     let mut total = 0u64;
     loop {
-        let frame = match tokio::time::timeout_at(deadline, incoming.frame()).await {
+        let until = deadline.min(paced(total));
+        let frame = match tokio::time::timeout_at(until, incoming.frame()).await {
             Err(_) => {
                 return Err(GatewayError::BodyTimeout {
                     seconds: timeout.as_secs_f64(),

@@ -138,3 +138,30 @@ fn values_sluice_cannot_honour_are_refused_by_check_config() {
         assert!(text.contains(key), "{line}: {text}");
     }
 }
+
+#[tokio::test]
+async fn a_body_slower_than_a_kib_per_second_is_cut_after_its_grace() {
+    let mock = MockUpstream::start();
+    // The default 60 s body timeout: the pace, not the timeout, ends this one.
+    let sluice = Sluice::in_front_of(&mock);
+    let started = Instant::now();
+    let mut stream = trickle(&sluice, "/v1/responses", 100_000, 100).await;
+    let (text, closed) = read_to_close(&mut stream, Duration::from_secs(30)).await;
+    let took = started.elapsed();
+    assert!(closed && text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(15), "{took:?}");
+    // A body that keeps coming at a real pace is read in full.
+    let body = json!({"model": "gpt-4o", "input": "x".repeat(20_000)}).to_string();
+    let mut stream = TcpStream::connect(sluice.proxy).await.unwrap();
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nhost: s\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for piece in body.as_bytes().chunks(4096) {
+        stream.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await; // 8 KiB/s
+    }
+    let (text, _) = read_to_close(&mut stream, Duration::from_secs(30)).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:.300}");
+}
