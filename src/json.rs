@@ -50,7 +50,8 @@ pub fn without_lone_surrogates(raw: &str) -> Option<String> {
     while let Some(found) = memchr::memchr(b'\\', &bytes[i..]) {
         let at = i + found;
         let Some(unit) = escape(at) else {
-            i = at + 2; // `\\`, `\"` and the like: skip the escaped character
+            // `\\`, `\"` and the like: skip the escaped character (a backslash may end the text).
+            i = (at + 2).min(bytes.len());
             continue;
         };
         let high = (0xD800..0xDC00).contains(&unit);
@@ -94,6 +95,9 @@ mod tests {
         );
         let read: String = serde_json::from_str(&fixed(r#""a\ud83db""#).unwrap()).unwrap();
         assert_eq!(read, "a\u{fffd}b");
+        // Found by the fuzzer: a text that ends in a backslash.
+        assert_eq!(fixed("a\\ud838 4d a\\"), Some("a\\ufffd 4d a\\".to_string()));
+        assert_eq!(fixed("\\"), None);
     }
 
     #[test]
