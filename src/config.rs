@@ -337,7 +337,8 @@ impl Config {
     /// Defaults, then the TOML document `text` (no file, no environment), validated: what
     /// `check-config` does with a file's contents.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text));
+        let figment =
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text));
         let config: Config = figment.extract().map_err(figment_error)?;
         config.validate()?;
         Ok(config)

@@ -19,8 +19,11 @@ use crate::projection::{self, splice};
 use crate::read::stream::Stitcher;
 use crate::tenant::Tenant;
 
+/// A fuzz target: arbitrary bytes in, no panic.
+pub type Target = fn(&[u8]);
+
 /// The fuzz targets, by name: `fuzz/fuzz_targets/<name>.rs` and `fuzz/corpus/<name>/`.
-pub const TARGETS: [(&str, fn(&[u8])); 6] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("request", request),
     ("provider_stream", provider_stream),
     ("image", image),
@@ -151,7 +154,8 @@ pub fn encoding(data: &[u8]) {
         Some(split) => split,
         None => return,
     };
-    let coding = [Coding::Gzip, Coding::Deflate, Coding::Brotli, Coding::Zstd][usize::from(which) % 4];
+    let coding =
+        [Coding::Gzip, Coding::Deflate, Coding::Brotli, Coding::Zstd][usize::from(which) % 4];
     let Some(mut decoder) = Decoder::new(coding) else {
         return;
     };
@@ -165,7 +169,9 @@ pub fn encoding(data: &[u8]) {
         }
     };
     let mid = rest.len() / 2;
-    if decoder.feed(&rest[..mid], &mut sink).is_ok() && decoder.feed(&rest[mid..], &mut sink).is_ok() {
+    if decoder.feed(&rest[..mid], &mut sink).is_ok()
+        && decoder.feed(&rest[mid..], &mut sink).is_ok()
+    {
         let _ = decoder.finish(&mut sink);
     }
 }

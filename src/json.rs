@@ -96,7 +96,10 @@ mod tests {
         let read: String = serde_json::from_str(&fixed(r#""a\ud83db""#).unwrap()).unwrap();
         assert_eq!(read, "a\u{fffd}b");
         // Found by the fuzzer: a text that ends in a backslash.
-        assert_eq!(fixed("a\\ud838 4d a\\"), Some("a\\ufffd 4d a\\".to_string()));
+        assert_eq!(
+            fixed("a\\ud838 4d a\\"),
+            Some("a\\ufffd 4d a\\".to_string())
+        );
         assert_eq!(fixed("\\"), None);
     }
 

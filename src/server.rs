@@ -1240,7 +1240,9 @@ async fn read_body(
     let (deadline, room_deadline) = (started + timeout, started + BODY_ROOM_WAIT);
     // Each byte received buys the body more time, at the minimum rate, after the grace.
     let paced = |total: u64| {
-        started + BODY_GRACE + Duration::from_millis(total.saturating_mul(1000) / BODY_MIN_BYTES_PER_SECOND)
+        started
+            + BODY_GRACE
+            + Duration::from_millis(total.saturating_mul(1000) / BODY_MIN_BYTES_PER_SECOND)
     };
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;

@@ -149,7 +149,10 @@ async fn a_body_slower_than_a_kib_per_second_is_cut_after_its_grace() {
     let (text, closed) = read_to_close(&mut stream, Duration::from_secs(30)).await;
     let took = started.elapsed();
     assert!(closed && text.starts_with("HTTP/1.1 408"), "{text}");
-    assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(15), "{took:?}");
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
     // A body that keeps coming at a real pace is read in full.
     let body = json!({"model": "gpt-4o", "input": "x".repeat(20_000)}).to_string();
     let mut stream = TcpStream::connect(sluice.proxy).await.unwrap();
