@@ -131,6 +131,16 @@ async fn uppercase_data_urls_are_images_m1() {
         projection.contains("embedded=1") && projection.contains("refused=0"),
         "{projection}"
     );
+    // Read as an image (checked and embedded), not passed on as a remote URL.
+    let m = sluice.metrics().await;
+    let images = |reason: &str| {
+        metric(
+            &m,
+            &format!("sluice_images_total{{outcome=\"embedded\",reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(images(""), 1.0, "{m}");
+    assert_eq!(images("remote"), 0.0);
 }
 
 #[tokio::test]
