@@ -10,27 +10,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{b64, client, config_for, metric, picture, MockUpstream, Reply, Sluice};
+use common::{b64, client, config_for, metric, picture, MockUpstream, Reply, Sluice, D, DIALECTS};
 use futures_util::StreamExt;
 use image::ImageFormat;
 use serde_json::{json, Value};
 
-#[derive(Clone, Copy, Debug)]
-enum D {
-    Chat,
-    Responses,
-    Anthropic,
-}
-
 impl D {
-    fn path(self) -> &'static str {
-        match self {
-            D::Chat => "/v1/chat/completions",
-            D::Responses => "/v1/responses",
-            D::Anthropic => "/v1/messages",
-        }
-    }
-
     /// A user message with one picture: a `once` attachment.
     fn request(self, stream: bool) -> Value {
         let png = b64(&picture(12, 12, ImageFormat::Png));
@@ -139,7 +124,7 @@ async fn no_fault_consumes_delivery_state_a9() {
     let mut cases = 0.0;
     let done = "sluice_commits_total{outcome=\"committed\"}";
     let mut committed = 0.0;
-    for d in [D::Chat, D::Responses, D::Anthropic] {
+    for d in DIALECTS {
         for (fault, streamed_only) in faults {
             for stream in [false, true] {
                 if streamed_only && !stream {

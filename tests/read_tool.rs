@@ -7,27 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, config_for, metric, tool_output, MockUpstream, Reply, Sluice};
+use common::{client, config_for, metric, tool_output, MockUpstream, Reply, Sluice, D, DIALECTS};
 use serde_json::{json, Value};
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum D {
-    Chat,
-    Responses,
-    Anthropic,
-}
-
-const ALL: [D; 3] = [D::Chat, D::Responses, D::Anthropic];
+const ALL: [D; 3] = DIALECTS;
 
 impl D {
-    fn path(self) -> &'static str {
-        match self {
-            D::Chat => "/v1/chat/completions",
-            D::Responses => "/v1/responses",
-            D::Anthropic => "/v1/messages",
-        }
-    }
-
     /// A history whose last tool result is long enough to be spilled with a cursor.
     fn request(self, stream: bool, output: &str) -> Value {
         let mut body = match self {

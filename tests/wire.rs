@@ -10,30 +10,15 @@ mod common;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{b64, client, config_for, metric, picture, tool_output, MockUpstream, Sluice};
+use common::{
+    b64, client, config_for, metric, picture, tool_output, MockUpstream, Sluice, D, DIALECTS,
+};
 use image::ImageFormat;
 use serde_json::{json, Value};
 
 const CODINGS: [&str; 4] = ["gzip", "br", "zstd", "deflate"];
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum D {
-    Chat,
-    Responses,
-    Anthropic,
-}
-
-const DIALECTS: [D; 3] = [D::Chat, D::Responses, D::Anthropic];
-
 impl D {
-    fn path(self) -> &'static str {
-        match self {
-            D::Chat => "/v1/chat/completions",
-            D::Responses => "/v1/responses",
-            D::Anthropic => "/v1/messages",
-        }
-    }
-
     /// One tool turn whose result is `content` (a string), then `user` asks.
     fn request(self, content: &Value, user: &str, stream: bool) -> Value {
         let mut body = match self {

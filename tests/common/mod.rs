@@ -16,6 +16,28 @@ use std::time::Duration;
 #[allow(unused_imports)] // not every test file scripts replies
 pub use mock::{MockUpstream, Part, Reply};
 
+/// The three dialects, for tests that run each case in every one of them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum D {
+    Chat,
+    Responses,
+    Anthropic,
+}
+
+/// Every dialect, in a fixed order.
+pub const DIALECTS: [D; 3] = [D::Chat, D::Responses, D::Anthropic];
+
+impl D {
+    /// The dialect's endpoint.
+    pub fn path(self) -> &'static str {
+        match self {
+            D::Chat => "/v1/chat/completions",
+            D::Responses => "/v1/responses",
+            D::Anthropic => "/v1/messages",
+        }
+    }
+}
+
 /// A running `sluice serve`. Dropping it kills the process.
 pub struct Sluice {
     pub proxy: SocketAddr,
