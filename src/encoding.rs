@@ -113,6 +113,11 @@ pub enum DecodeError<E> {
     Sink(E),
 }
 
+/// Decoded output would pass the caller's limit.
+#[derive(Debug, thiserror::Error)]
+#[error("the decoded body is over its limit")]
+pub struct TooLarge;
+
 /// An incremental decoder: compressed bytes in as they arrive, decoded pieces of at most
 /// [`PIECE_BYTES`] out to a sink, so memory stays bounded whatever the compression ratio.
 pub struct Decoder {
@@ -198,6 +203,27 @@ impl Decoder {
             more = !input.is_empty() || (full && !self.ended);
         }
         Ok(())
+    }
+
+    /// Decodes `input` (with `None`: the end of the input) onto `out`, refusing to let `out`
+    /// grow past `limit` bytes.
+    pub fn decode_into(
+        &mut self,
+        input: Option<&[u8]>,
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<(), DecodeError<TooLarge>> {
+        let mut sink = |piece: &[u8]| {
+            if out.len() + piece.len() > limit {
+                return Err(TooLarge);
+            }
+            out.extend_from_slice(piece);
+            Ok(())
+        };
+        match input {
+            Some(input) => self.feed(input, &mut sink),
+            None => self.finish(&mut sink),
+        }
     }
 
     /// The input has ended: the rest of the output, or `Truncated` when the compressed data

@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::config::StoreBackend;
 use crate::dialect::completion::Completion;
 use crate::dialect::{Dialect, Family};
-use crate::encoding::{Coding, DecodeError, Decoder};
+use crate::encoding::{Coding, DecodeError, Decoder, TooLarge};
 use crate::error::GatewayError;
 use crate::exit::cursor::{Cursor, CursorError};
 use crate::exit::text::Lines;
@@ -457,18 +457,22 @@ fn serve_proxy(
     let app = app.clone();
     let open = app.metrics.connections_open.clone();
     open.inc();
-    let held = ConnectionSlot { permit, open };
+    let slot = ConnectionSlot {
+        _permit: permit,
+        open,
+    };
+    // The handler lives as long as the connection, and the slot with it.
     serve(tasks, graceful, stream, move |req| {
+        let _slot = &slot;
         let app = app.clone();
-        let _slot = &held;
         async move { app.handle(req).await }
     });
 }
 
 /// A connection's place under `max_connections`, given back when the connection ends.
 struct ConnectionSlot {
-    #[allow(dead_code)] // held for its drop
-    permit: tokio::sync::OwnedSemaphorePermit,
+    /// Held for its drop: the permit goes back to the cap.
+    _permit: tokio::sync::OwnedSemaphorePermit,
     open: prometheus::IntGauge,
 }
 
@@ -1332,22 +1336,16 @@ impl http_body::Body for TimedBody {
 /// size passes `limit` (a bomb costs at most `limit` bytes of memory and the CPU to get there).
 async fn decode_body(body: Bytes, coding: Coding, limit: u64) -> Result<Bytes, GatewayError> {
     let decoded = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit as usize));
-        let mut sink = |piece: &[u8]| {
-            if (out.len() + piece.len()) as u64 > limit {
-                return Err(GatewayError::BodyTooLarge { limit });
-            }
-            out.extend_from_slice(piece);
-            Ok(())
-        };
         let Some(mut decoder) = Decoder::new(coding) else {
             return Ok(body);
         };
+        let cap = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(cap));
         decoder
-            .feed(&body, &mut sink)
-            .and_then(|()| decoder.finish(&mut sink))
+            .decode_into(Some(&body), &mut out, cap)
+            .and_then(|()| decoder.decode_into(None, &mut out, cap))
             .map_err(|e| match e {
-                DecodeError::Sink(too_large) => too_large,
+                DecodeError::Sink(TooLarge) => GatewayError::BodyTooLarge { limit },
                 other => GatewayError::BadEncoding(other.to_string()),
             })?;
         Ok(Bytes::from(out))

@@ -196,28 +196,19 @@ impl Started {
             let Some(decoder) = &mut self.decoder else {
                 return Ok(raw);
             };
-            let mut out = bytes::BytesMut::new();
-            let mut sink = |piece: &[u8]| {
-                if out.len() + piece.len() > MAX_DECODED_CHUNK_BYTES {
-                    return Err("upstream response too large once decoded");
-                }
-                out.extend_from_slice(piece);
-                Ok(())
-            };
-            let decoded = match &raw {
-                Some(chunk) => decoder.feed(chunk, &mut sink),
-                None => decoder.finish(&mut sink),
-            };
-            decoded.map_err(|e| -> BoxError {
-                match e {
-                    DecodeError::Sink(message) => message.into(),
-                    other => format!("upstream body: {other}").into(),
-                }
-            })?;
+            let mut out = Vec::new();
+            decoder
+                .decode_into(raw.as_deref(), &mut out, MAX_DECODED_CHUNK_BYTES)
+                .map_err(|e| -> BoxError {
+                    match e {
+                        DecodeError::Sink(_) => "upstream response too large once decoded".into(),
+                        other => format!("upstream body: {other}").into(),
+                    }
+                })?;
             match raw {
                 None if out.is_empty() => return Ok(None),
                 _ if out.is_empty() => continue,
-                _ => return Ok(Some(out.freeze())),
+                _ => return Ok(Some(Bytes::from(out))),
             }
         }
     }

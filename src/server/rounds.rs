@@ -134,7 +134,10 @@ impl App {
             overhead(answered.elapsed());
             return response;
         }
-        let (response, waited) = self.read_whole(job, started, ctx, inflight).await;
+        let mut waited = Duration::ZERO;
+        let response = self
+            .read_whole(job, started, ctx, inflight, &mut waited)
+            .await;
         // sluice's own time: the rounds' upstream waits are the provider's.
         overhead(answered.elapsed().saturating_sub(waited));
         tracing::debug!(
@@ -149,22 +152,9 @@ impl App {
     }
 
     /// Non-streamed rounds: the client gets the final response with every round's visible
-    /// output and the usage of all rounds. Also says how long it waited on the upstream.
+    /// output and the usage of all rounds. `waited` adds up the time spent waiting on the
+    /// upstream (the provider's time, not sluice's).
     async fn read_whole(
-        self: &Arc<Self>,
-        job: Job,
-        started: Started,
-        ctx: &Context,
-        inflight: InFlight,
-    ) -> (Response<Body>, Duration) {
-        let mut waited = Duration::ZERO;
-        let response = self
-            .read_whole_timed(job, started, ctx, inflight, &mut waited)
-            .await;
-        (response, waited)
-    }
-
-    async fn read_whole_timed(
         self: &Arc<Self>,
         mut job: Job,
         mut started: Started,
