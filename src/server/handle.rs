@@ -1,0 +1,136 @@
+//! Dispatch: every proxy request gets its id, its metrics and, on failure, a dialect-shaped error.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::dialect::{Dialect, Family};
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::upstream::{self};
+
+use super::{full, plain, App, Body, REQUEST_ID};
+
+/// Decrements the in-flight gauge and records the request duration when dropped, which happens
+/// exactly once: at the end of the response body, or with an early error response.
+pub(super) struct InFlight {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) dialect: &'static str,
+    pub(super) start: Instant,
+}
+
+impl InFlight {
+    pub(super) fn new(metrics: &Arc<Metrics>, dialect: &'static str, start: Instant) -> Self {
+        metrics.inflight_requests.inc();
+        Self {
+            metrics: metrics.clone(),
+            dialect,
+            start,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.metrics.inflight_requests.dec();
+        self.metrics
+            .request_duration_seconds
+            .with_label_values(&[self.dialect])
+            .observe(upstream::seconds_since(self.start));
+    }
+}
+
+/// What the handler knows about a request when it answers it, for metrics and logs.
+pub(super) struct Context {
+    pub(super) request_id: String,
+    pub(super) family: Family,
+    pub(super) dialect: &'static str,
+    pub(super) route: String,
+}
+
+impl App {
+    pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let start = Instant::now();
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let request_id = format!("{:016x}{n:016x}", self.id_prefix);
+        let path = req.uri().path();
+        let dialect = (req.method() == Method::POST)
+            .then(|| Dialect::from_path(path))
+            .flatten();
+        let mut ctx = Context {
+            request_id,
+            family: dialect
+                .map_or_else(|| Family::of_request(path, req.headers()), Dialect::family),
+            dialect: dialect.map_or("passthrough", Dialect::as_str),
+            route: String::new(),
+        };
+        let inflight = InFlight::new(&self.metrics, ctx.dialect, start);
+        let result = if let Some(dialect) = dialect {
+            self.projected(dialect, req, start, &mut ctx, inflight)
+                .await
+        } else if path.starts_with("/v1/sluice/") {
+            drop(inflight);
+            ctx.dialect = "sluice";
+            self.sluice_endpoint(&req, &ctx).await
+        } else if path.starts_with("/v1/") {
+            self.pass_through(req, &mut ctx, inflight).await
+        } else if path == "/" && matches!(*req.method(), Method::GET | Method::HEAD) {
+            // Clients check the base URL answers before they start (Claude Code: `HEAD /`).
+            drop(inflight);
+            ctx.dialect = "sluice";
+            Ok(plain(StatusCode::OK, "text/plain", Bytes::from("sluice\n")))
+        } else {
+            drop(inflight);
+            Err(GatewayError::NotFound(path.to_string()))
+        };
+        let mut response = match result {
+            Ok(response) => response,
+            Err(err) => self.error_response(&ctx, &err),
+        };
+        self.metrics
+            .requests_total
+            .with_label_values(&[
+                ctx.dialect,
+                if ctx.route.is_empty() {
+                    "none"
+                } else {
+                    &ctx.route
+                },
+                response.status().as_str(),
+            ])
+            .inc();
+        if let Ok(value) = HeaderValue::from_str(&ctx.request_id) {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        response
+    }
+
+    pub(super) fn error_response(&self, ctx: &Context, err: &GatewayError) -> Response<Body> {
+        self.metrics
+            .errors_total
+            .with_label_values(&[err.kind()])
+            .inc();
+        if err.status().is_server_error() {
+            tracing::warn!(request_id = %ctx.request_id, dialect = ctx.dialect, route = %ctx.route, kind = err.kind(), "request failed");
+        } else {
+            tracing::debug!(request_id = %ctx.request_id, dialect = ctx.dialect, kind = err.kind(), error = %err, "request refused");
+        }
+        let mut response = Response::new(full(err.body(ctx.family)));
+        *response.status_mut() = err.status();
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if err.status() == StatusCode::REQUEST_TIMEOUT {
+            // The rest of that body is not waited for: the connection ends here.
+            response
+                .headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}

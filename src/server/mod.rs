@@ -1,0 +1,310 @@
+//! Listeners, endpoint dispatch and graceful shutdown.
+//!
+//! The request path, once (STYLE 1):
+//! 1. [`App::handle`] gives the request an id (`x-sluice-request-id`, O3) and dispatches by path.
+//! 2. Projected endpoints ([`Dialect::from_path`]): the body is read under `max_body_bytes`
+//!    (413 while reading, never after buffering all of it), read once into a
+//!    [`RequestView`](crate::projection::RequestView) by its dialect (400 on bad JSON), routed by
+//!    dialect and model (404), projected into edits and spliced into the original bytes (P1, P2).
+//! 3. Every other `/v1/...` path is streamed to the family's first route unchanged (P5).
+//! 4. [`Upstream::send`] waits for the upstream's head and first chunk (502/504 on failure);
+//!    the status, headers and body then stream back through a bounded relay (P3), which records
+//!    the end of the body in the metrics.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::config::StoreBackend;
+use crate::exit::Memo;
+use crate::metrics::Metrics;
+use crate::route::RouteTable;
+use crate::session::{EmbeddedSessions, Sessions};
+use crate::store::file::FileStore;
+use crate::store::redis::RedisStore;
+use crate::store::{Artifacts, Backend};
+use crate::upstream::{BoxError, Upstream};
+
+mod body;
+mod commit;
+mod endpoints;
+mod handle;
+mod pipeline;
+mod relay;
+mod rounds;
+mod workers;
+
+use body::{decode_body, full, plain, read_body};
+use handle::{Context, InFlight};
+use workers::{accept_error, connection_cap, serve_admin, sweep, watch_store, worker};
+
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Response header naming the request in sluice's logs (O3).
+pub const REQUEST_ID: &str = "x-sluice-request-id";
+/// Response header summarising the projection (O3, section 9).
+pub const PROJECTION: &str = "x-sluice-projection";
+/// Response header of the read endpoint: the cursor of the next page.
+pub const NEXT_CURSOR: &str = "x-sluice-next-cursor";
+/// The projection header of a request that nothing was done to.
+const NOTHING_PROJECTED: &str = "spilled=0; embedded=0; deferred=0; refused=0; placeholders=0";
+/// A client must send its request head within this time (slow-loris guard).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request body waits for room under `max_inflight_body_bytes` before its 503.
+const BODY_ROOM_WAIT: Duration = Duration::from_secs(10);
+/// After this grace, a request body must keep arriving at [`BODY_MIN_BYTES_PER_SECOND`] on
+/// average (as Apache's `mod_reqtimeout` asks): a client trickling its body is cut in seconds,
+/// not at the full `request_body_timeout_seconds`, so it cannot hold connections for nothing.
+const BODY_GRACE: Duration = Duration::from_secs(5);
+/// 1 KiB/s: any real link sends an agent's request far faster.
+const BODY_MIN_BYTES_PER_SECOND: u64 = 1024;
+/// File descriptors kept back from the connection cap: listeners, store files, logs, the
+/// upstream connections of the requests in flight are counted separately (one per connection).
+const RESERVED_FDS: u64 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot build the upstream client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("store.data_dir: cannot use {path}: {source}")]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("store.redis_url: cannot connect to Redis: {0}")]
+    Redis(String),
+}
+
+/// What every worker shares: configuration, routes, metrics, and whether sluice is draining.
+struct Shared {
+    config: Config,
+    routes: RouteTable,
+    metrics: Arc<Metrics>,
+    draining: AtomicBool,
+    /// Random per process, so request ids are unique across replicas and restarts.
+    id_prefix: u64,
+    next_id: AtomicU64,
+    artifacts: Artifacts<Backend>,
+    memo: Memo,
+    media: crate::attach::Memo,
+    sessions: Arc<Sessions>,
+    session_header: http::HeaderName,
+    /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
+    seen: moka::sync::Cache<String, ()>,
+    /// One permit per client connection served (`max_connections`).
+    connections: Arc<tokio::sync::Semaphore>,
+    /// One permit per request body byte buffered (`max_inflight_body_bytes`).
+    body_room: Arc<tokio::sync::Semaphore>,
+}
+
+/// One worker's request handler: the shared state plus the worker's own upstream client, whose
+/// connections live on the worker's thread.
+struct App {
+    shared: Arc<Shared>,
+    upstream: Upstream,
+    /// Delivery-state commits in flight; shutdown waits for them.
+    commits: TaskTracker,
+}
+
+impl std::ops::Deref for App {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+/// A bound, not yet running gateway.
+pub struct Server {
+    shared: Arc<Shared>,
+    proxy: std::net::TcpListener,
+    admin: TcpListener,
+}
+
+impl Server {
+    pub async fn bind(config: Config) -> Result<Server, StartError> {
+        let proxy_addr = config.listen_addr()?;
+        let admin_addr = config.admin_addr()?;
+        let routes = RouteTable::new(&config.routes)?;
+        // Fail at startup, not on the first request, if the client cannot be built.
+        Upstream::new(&config.upstream)?;
+        let metrics = Arc::new(Metrics::new()?);
+        let ttl = Duration::from_secs(config.store.idle_ttl_seconds);
+        let (backend, sessions) = match config.store.backend {
+            StoreBackend::Embedded => {
+                let dir = &config.store.data_dir;
+                let data_dir = |source| StartError::DataDir {
+                    path: dir.clone(),
+                    source,
+                };
+                let files = FileStore::open(dir).map_err(data_dir)?;
+                let sessions = EmbeddedSessions::open(dir, ttl)
+                    .map_err(|e| data_dir(std::io::Error::other(e.to_string())))?;
+                (Backend::File(files), Sessions::Embedded(sessions))
+            }
+            StoreBackend::Redis => {
+                let redis = RedisStore::connect(&config.store.redis_url, ttl)
+                    .await
+                    .map_err(|e| StartError::Redis(e.to_string()))?;
+                (Backend::Redis(redis.clone()), Sessions::Redis(redis))
+            }
+        };
+        let artifacts = Artifacts::new(backend, metrics.clone(), ttl);
+        let session_header = http::HeaderName::from_bytes(config.session.header.as_bytes())
+            .map_err(|_| crate::config::ConfigError {
+                key: "session.header".into(),
+                message: "is not a valid HTTP header name".into(),
+            })?;
+        let proxy = std::net::TcpListener::bind(proxy_addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|source| StartError::Bind {
+                addr: proxy_addr,
+                source,
+            })?;
+        let admin = TcpListener::bind(admin_addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: admin_addr,
+                source,
+            })?;
+        let id_prefix = uuid::Uuid::new_v4().as_u64_pair().0;
+        let max_connections = connection_cap(config.max_connections);
+        tracing::info!(max_connections, "connection cap");
+        let body_room = usize::try_from(config.max_inflight_body_bytes)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        Ok(Server {
+            shared: Arc::new(Shared {
+                config,
+                routes,
+                metrics,
+                draining: AtomicBool::new(false),
+                id_prefix,
+                next_id: AtomicU64::new(0),
+                artifacts,
+                memo: Memo::new(ttl),
+                media: crate::attach::Memo::new(ttl),
+                sessions: Arc::new(sessions),
+                session_header,
+                seen: moka::sync::Cache::builder()
+                    .max_capacity(1_000_000)
+                    .time_to_idle(ttl)
+                    .build(),
+                connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+                body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
+            }),
+            proxy,
+            admin,
+        })
+    }
+
+    pub fn proxy_addr(&self) -> std::io::Result<SocketAddr> {
+        self.proxy.local_addr()
+    }
+
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains (O4): stops accepting, reports not-ready,
+    /// lets in-flight requests and streams finish up to `drain_timeout_seconds`.
+    ///
+    /// The proxy runs on `worker_threads` threads, each with its own single-threaded runtime
+    /// accepting on the shared listener: a connection, its upstream connections and its relay
+    /// all stay on one thread, with no cross-thread wake-ups on the request path. The admin
+    /// listener runs on the caller's runtime.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let Server {
+            shared,
+            proxy,
+            admin,
+        } = self;
+        let workers = shared.config.workers();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (done_tx, mut done_rx) = mpsc::channel::<()>(workers);
+        for n in 0..workers {
+            let listener = match proxy.try_clone() {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot share the listener with a worker");
+                    break;
+                }
+            };
+            let (shared, stop, done) = (shared.clone(), stop_rx.clone(), done_tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("sluice-worker-{n}"))
+                .spawn(move || {
+                    worker(shared, listener, stop);
+                    drop(done);
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a worker thread");
+            }
+        }
+        drop((proxy, done_tx));
+        let admin_graceful = GracefulShutdown::new();
+        let admin_tasks = TaskTracker::new();
+        admin_tasks.spawn(sweep(shared.clone(), stop_rx.clone()));
+        admin_tasks.spawn(watch_store(shared.clone(), stop_rx.clone()));
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = admin.accept() => match accepted {
+                    Ok((stream, _)) => serve_admin(&shared, &admin_tasks, &admin_graceful, stream),
+                    Err(e) => accept_error(e).await,
+                },
+                () = &mut shutdown => break,
+                // Every worker ended (they only do when they could not start): nothing to serve.
+                None = done_rx.recv() => {
+                    tracing::error!("no proxy worker is running; stopping");
+                    break;
+                }
+            }
+        }
+        shared.draining.store(true, Ordering::SeqCst);
+        tracing::info!(
+            inflight = shared.metrics.inflight_requests.get(),
+            "shutting down: draining in-flight requests"
+        );
+        let _ = stop_tx.send(true);
+        // The admin listener keeps answering (readyz says 503) until the workers are done.
+        let deadline = shared.config.drain_timeout() + Duration::from_secs(1);
+        let timer = tokio::time::sleep(deadline);
+        let mut timer = std::pin::pin!(timer);
+        loop {
+            tokio::select! {
+                None = done_rx.recv() => break,
+                () = &mut timer => break,
+                accepted = admin.accept() => if let Ok((stream, _)) = accepted {
+                    serve_admin(&shared, &admin_tasks, &admin_graceful, stream);
+                },
+            }
+        }
+        drop(admin);
+        let _ = tokio::time::timeout(Duration::from_secs(1), admin_graceful.shutdown()).await;
+        admin_tasks.close();
+        tracing::info!("stopped");
+    }
+}
