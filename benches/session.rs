@@ -2,7 +2,11 @@
 //! projected turn after turn with its delivery state (delivery-state issue):
 //! - the share of each projected request that is an exact prefix of the next one (what a
 //!   provider's prompt cache can reuse), printed once;
-//! - projection time at 10, 50 and 100 turns against a plain `RawValue` scan of the same bytes.
+//! - projection time at 10, 50 and 100 turns against a plain `RawValue` scan of the same bytes;
+//! - a long session (architecture issue): the client keeps its last 10 turns, as a compacting
+//!   agent does, and each request's whole state work (load the stored state, project, apply the
+//!   delta, store it again) is timed at turn 10 and at turn 1,000, with the stored state's size
+//!   printed for both.
 //!
 //! Run: `cargo bench --bench session`.
 
@@ -37,8 +41,13 @@ fn screenshot(turn: u32) -> String {
 /// The request an agent sends at `turns`: its whole history, every turn a tool call returning a
 /// short log and a screenshot.
 fn request(turns: u32, shots: &[String]) -> Bytes {
+    window(turns, turns, shots)
+}
+
+/// The request at `turns` of an agent that keeps only its last `kept` turns.
+fn window(turns: u32, kept: u32, shots: &[String]) -> Bytes {
     let mut messages = vec![json!({"role": "user", "content": "Fix the failing UI test."})];
-    for t in 1..=turns {
+    for t in turns.saturating_sub(kept) + 1..=turns {
         let id = format!("tu{t}");
         messages.push(json!({"role": "assistant", "content": [
             {"type": "text", "text": format!("Step {t}: taking a screenshot.")},
@@ -56,6 +65,7 @@ struct Session {
     memo: Memo,
     media: MediaMemo,
     state: SessionState,
+    turns: u32,
 }
 
 impl Session {
@@ -69,7 +79,30 @@ impl Session {
             memo: Memo::default(),
             media: MediaMemo::default(),
             state: SessionState::default(),
+            turns: 0,
         }
+    }
+
+    /// One request's whole state work, as the embedded store does it: the stored state read,
+    /// the request projected, its delta applied and the state written back.
+    fn stored_turn(&self, stored: &[u8], body: &Bytes) -> (Bytes, Vec<u8>) {
+        let mut state: SessionState = serde_json::from_slice(stored).unwrap();
+        let view = Dialect::AnthropicMessages.read_view(body).unwrap();
+        let ctx = Context {
+            tenant: &self.tenant,
+            route: &self.route,
+            memo: &self.memo,
+            media: &self.media,
+            state: &state,
+        };
+        let p = project(&view, &ctx);
+        drop(view);
+        let delta = p.delta;
+        apply(&mut state, &delta, u64::from(self.turns));
+        (
+            splice(body, p.edits).unwrap(),
+            serde_json::to_vec(&state).unwrap(),
+        )
     }
 
     /// Projects one request; with `commit`, applies its delta as a completed response would.
@@ -88,7 +121,8 @@ impl Session {
             self.memo.insert(k, v);
         }
         if commit {
-            apply(&mut self.state, &p.delta);
+            apply(&mut self.state, &p.delta, u64::from(self.turns));
+            self.turns += 1;
         }
         splice(body, p.edits).unwrap()
     }
@@ -152,5 +186,32 @@ fn per_turn(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, per_turn);
+fn long_session(c: &mut Criterion) {
+    const KEPT: u32 = 10;
+    let shots: Vec<String> = (1..=1_000).map(screenshot).collect();
+    let mut group = c.benchmark_group("long_session");
+    let mut session = Session::new();
+    let mut done = 0;
+    for turns in [10u32, 1_000] {
+        while done < turns {
+            done += 1;
+            session.turn(&window(done, KEPT, &shots), true);
+        }
+        let stored = serde_json::to_vec(&session.state).unwrap();
+        println!(
+            "long_session/state: at turn {turns}: {} bytes stored, {} live records, {} released, {} links",
+            stored.len(),
+            session.state.records.len(),
+            session.state.released.len(),
+            session.state.links.len()
+        );
+        let body = window(turns, KEPT, &shots);
+        group.bench_with_input(BenchmarkId::new("turn", turns), &body, |b, body| {
+            b.iter(|| black_box(session.stored_turn(black_box(&stored), black_box(body))))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, per_turn, long_session);
 criterion_main!(benches);

@@ -107,6 +107,13 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Milliseconds since the epoch: the stamp of what a commit releases or links.
+pub fn stamp() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn io(e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(std::io::Error::other(e.to_string()))
 }
@@ -148,10 +155,11 @@ impl EmbeddedSessions {
         let Some(value) = table.get(key).map_err(io)? else {
             return Ok(SessionState::default());
         };
-        let stored: Stored = serde_json::from_slice(value.value()).map_err(io)?;
+        let mut stored: Stored = serde_json::from_slice(value.value()).map_err(io)?;
         if now().saturating_sub(stored.touched) > ttl.as_secs() {
             return Ok(SessionState::default());
         }
+        stored.state.normalize(stored.touched.saturating_mul(1000));
         Ok(stored.state)
     }
 }
@@ -176,11 +184,14 @@ impl SessionStore for EmbeddedSessions {
                     Some(v) => serde_json::from_slice::<Stored>(v.value())
                         .ok()
                         .filter(|s| now().saturating_sub(s.touched) <= ttl.as_secs())
-                        .map(|s| s.state)
+                        .map(|mut s| {
+                            s.state.normalize(s.touched.saturating_mul(1000));
+                            s.state
+                        })
                         .unwrap_or_default(),
                     None => SessionState::default(),
                 };
-                apply(&mut state, &delta);
+                apply(&mut state, &delta, stamp());
                 let bytes = serde_json::to_vec(&Stored {
                     touched: now(),
                     state,
@@ -286,6 +297,7 @@ mod tests {
                 },
             )]
             .into(),
+            links: Default::default(),
         };
         {
             let store = EmbeddedSessions::open(dir.path(), Duration::from_secs(60)).unwrap();

@@ -298,3 +298,58 @@ async fn hidden_read_rounds_are_spliced_back_by_the_other_process() {
         .unwrap()
         .contains("sluice: lines "));
 }
+
+/// A long session on Redis keeps a bounded state: released attachments leave the records for a
+/// capped set (newest kept), links get their own capped set, and a released attachment never
+/// comes back (A10), whatever a later commit says.
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn a_long_session_keeps_a_bounded_state_in_redis() {
+    use sluice::attach::state::{Delta, Record, Status, MAX_LINKS, MAX_RELEASED};
+    use sluice::config::Lifetime;
+    use sluice::session::{SessionKey, SessionStore};
+    let store = sluice::store::redis::RedisStore::connect(REDIS, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let key = SessionKey(format!("bounded-{}", std::process::id()));
+    let record = |status| Record {
+        status,
+        lifetime: Lifetime::Recent,
+    };
+    let turns = MAX_RELEASED + 100;
+    for t in 0..turns {
+        // This turn's screenshot is new; the one of ten turns ago left the history.
+        let mut delta = Delta::default();
+        delta
+            .records
+            .insert(format!("s{t}"), record(Status::Viewed));
+        if t >= 10 {
+            delta
+                .records
+                .insert(format!("s{}", t - 10), record(Status::Released));
+        }
+        delta.links.insert(format!("{t:032x}:1:t"));
+        store.commit(&key, &delta).await.unwrap();
+    }
+    let state = store.load(&key).await.unwrap();
+    assert_eq!(state.records.len(), 10, "only the live records stay");
+    assert_eq!(state.released.len(), MAX_RELEASED);
+    assert_eq!(state.links.len(), MAX_LINKS);
+    assert_eq!(
+        state.status(&format!("s{}", turns - 11)),
+        Some(Status::Released)
+    );
+    assert_eq!(state.status("s0"), None, "the oldest release is forgotten");
+    assert!(state.links.contains_key(&format!("{:032x}:1:t", turns - 1)));
+    // A late commit of a request that still saw a released one does not bring it back (A10).
+    let mut late = Delta::default();
+    late.records
+        .insert(format!("s{}", turns - 11), record(Status::Viewed));
+    store.commit(&key, &late).await.unwrap();
+    let state = store.load(&key).await.unwrap();
+    assert_eq!(
+        state.status(&format!("s{}", turns - 11)),
+        Some(Status::Released)
+    );
+    assert_eq!(state.records.len(), 10);
+}

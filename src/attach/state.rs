@@ -6,8 +6,13 @@
 //! Every status only moves forward (unviewed → viewed → pruned; anything → released), and
 //! [`apply`] takes the furthest of the two, so applying deltas in any order, or twice, gives the
 //! same state: two concurrent requests of one session never lose each other's changes.
+//!
+//! The state stays small however long the session runs: a released attachment (its source left
+//! the history) is kept only as a 64-bit hash of its identity, the newest [`MAX_RELEASED`] of
+//! them; the read tool's links (C3) live in their own map, the newest [`MAX_LINKS`]. The work of
+//! a request is linear in its own candidates and the live records, never in the session's age.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -31,10 +36,80 @@ pub struct Record {
     pub lifetime: Lifetime,
 }
 
-/// One session's delivery state, by attachment identity.
+/// Released attachments remembered per session (A10). One whose source comes back after more
+/// than this many others were released since (a history rewound that far) is treated as new.
+pub const MAX_RELEASED: usize = 512;
+/// Read-tool links remembered per session (C3): the hidden rounds of the newest this many turns
+/// that had any are spliced back in.
+pub const MAX_LINKS: usize = 256;
+
+/// One session's delivery state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionState {
+    /// Attachments whose source is in the history, by identity.
     pub records: BTreeMap<String, Record>,
+    /// Attachments released for good, by [`released_key`], with when (a stamp from the caller's
+    /// clock; the oldest go first past [`MAX_RELEASED`]).
+    #[serde(default)]
+    pub released: BTreeMap<u64, u64>,
+    /// Read-tool links (their own encoding, see `read::Link`), with when they were made.
+    #[serde(default)]
+    pub links: BTreeMap<String, u64>,
+}
+
+/// The key a released attachment is remembered by.
+pub fn released_key(identity: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(identity.as_bytes())
+}
+
+impl SessionState {
+    /// An attachment's status, released ones included.
+    pub fn status(&self, identity: &str) -> Option<Status> {
+        match self.records.get(identity) {
+            Some(record) => Some(record.status),
+            None => self
+                .released
+                .contains_key(&released_key(identity))
+                .then_some(Status::Released),
+        }
+    }
+
+    /// Moves what an older version stored as records into its own place: released records to
+    /// `released`, link records (`read:` keys) to `links`, both stamped `stamp`.
+    pub fn normalize(&mut self, stamp: u64) {
+        const LEGACY_LINK: &str = "read:";
+        let legacy: Vec<String> = self
+            .records
+            .iter()
+            .filter(|(k, r)| r.status == Status::Released || k.starts_with(LEGACY_LINK))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in legacy {
+            self.records.remove(&key);
+            match key.strip_prefix(LEGACY_LINK) {
+                Some(link) => {
+                    self.links.entry(link.to_string()).or_insert(stamp);
+                }
+                None => {
+                    self.released.entry(released_key(&key)).or_insert(stamp);
+                }
+            }
+        }
+        trim(&mut self.released, MAX_RELEASED);
+        trim(&mut self.links, MAX_LINKS);
+    }
+}
+
+/// Keeps the newest `max` entries (by stamp, then key).
+fn trim<K: Ord + Clone>(map: &mut BTreeMap<K, u64>, max: usize) {
+    if map.len() <= max {
+        return;
+    }
+    let mut by_age: Vec<(u64, K)> = map.iter().map(|(k, s)| (*s, k.clone())).collect();
+    by_age.sort_unstable();
+    for (_, key) in by_age.into_iter().take(map.len() - max) {
+        map.remove(&key);
+    }
 }
 
 /// An attachment of the request, in arrival order (A2).
@@ -74,7 +149,7 @@ pub struct Recent {
 /// over `recent.count` is rounded up to a multiple of `recent.batch`, capped at the viewed
 /// `recent` images, oldest first. Unviewed images are never pruned.
 pub fn plan(state: &SessionState, candidates: &[Candidate], recent: Recent) -> Vec<Decision> {
-    let status = |c: &Candidate| state.records.get(&c.key).map(|r| r.status);
+    let status = |c: &Candidate| state.status(&c.key);
     let mut decisions: Vec<Decision> = candidates
         .iter()
         .map(|c| match (c.showable, status(c), c.lifetime) {
@@ -113,6 +188,15 @@ pub fn plan(state: &SessionState, candidates: &[Candidate], recent: Recent) -> V
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delta {
     pub records: BTreeMap<String, Record>,
+    /// Read-tool links made by this request (C3).
+    #[serde(default)]
+    pub links: std::collections::BTreeSet<String>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.links.is_empty()
+    }
 }
 
 /// What the request did: `embedded[i]` says whether candidate `i` was embedded (after budgets).
@@ -127,7 +211,7 @@ pub fn settle(
 ) -> Delta {
     let mut delta = Delta::default();
     for ((c, d), &shown) in candidates.iter().zip(decisions).zip(embedded) {
-        let before = state.records.get(&c.key).map(|r| r.status);
+        let before = state.status(&c.key);
         let status = match d {
             Decision::Pruned if before == Some(Status::Pruned) => continue,
             Decision::Pruned => Status::Pruned,
@@ -148,8 +232,9 @@ pub fn settle(
             },
         );
     }
+    let present: HashSet<&str> = candidates.iter().map(|c| c.key.as_str()).collect();
     for (key, record) in &state.records {
-        if record.status != Status::Released && !candidates.iter().any(|c| &c.key == key) {
+        if record.status != Status::Released && !present.contains(key.as_str()) {
             delta.records.insert(
                 key.clone(),
                 Record {
@@ -162,9 +247,20 @@ pub fn settle(
     delta
 }
 
-/// Merges `delta` into `state`: each record keeps the furthest status (commutative, idempotent).
-pub fn apply(state: &mut SessionState, delta: &Delta) {
+/// Merges `delta` into `state`, stamped `stamp`: each record keeps the furthest status, a
+/// released one leaves the records for `released` (commutative and idempotent, up to which of
+/// the oldest released attachments and links are forgotten past the caps).
+pub fn apply(state: &mut SessionState, delta: &Delta, stamp: u64) {
     for (key, record) in &delta.records {
+        let released = released_key(key);
+        if record.status == Status::Released {
+            state.records.remove(key);
+            state.released.entry(released).or_insert(stamp);
+            continue;
+        }
+        if state.released.contains_key(&released) {
+            continue;
+        }
         state
             .records
             .entry(key.clone())
@@ -175,6 +271,11 @@ pub fn apply(state: &mut SessionState, delta: &Delta) {
             })
             .or_insert(*record);
     }
+    for link in &delta.links {
+        state.links.entry(link.clone()).or_insert(stamp);
+    }
+    trim(&mut state.released, MAX_RELEASED);
+    trim(&mut state.links, MAX_LINKS);
 }
 
 #[cfg(test)]
@@ -197,6 +298,17 @@ mod tests {
         recent: Recent,
         max: usize,
     ) -> Vec<String> {
+        turn_at(state, cands, recent, max, 0)
+    }
+
+    /// [`turn`], committed at `stamp`.
+    fn turn_at(
+        state: &mut SessionState,
+        cands: &[Candidate],
+        recent: Recent,
+        max: usize,
+        stamp: u64,
+    ) -> Vec<String> {
         let decisions = plan(state, cands, recent);
         let mut n = 0;
         let embedded: Vec<bool> = decisions
@@ -208,7 +320,7 @@ mod tests {
             })
             .collect();
         let delta = settle(state, cands, &decisions, &embedded);
-        apply(state, &delta);
+        apply(state, &delta, stamp);
         cands
             .iter()
             .zip(&embedded)
@@ -258,7 +370,11 @@ mod tests {
         }
         // The source leaves the history: released, and it never comes back.
         turn(&mut state, &[], recent, 20);
-        assert_eq!(state.records["r"].status, Status::Released);
+        assert_eq!(state.status("r"), Some(Status::Released));
+        assert!(
+            state.records.is_empty(),
+            "a released record leaves the records"
+        );
         assert_eq!(
             plan(&state, std::slice::from_ref(&r), recent),
             [Decision::Released]
@@ -280,7 +396,7 @@ mod tests {
             c("k", Lifetime::Retain),
         ];
         turn(&mut state, &all, recent, 0); // no room at all this time
-        assert_eq!(state.records["v"].status, Status::Released);
+        assert_eq!(state.status("v"), Some(Status::Released));
         assert_eq!(state.records["u"].status, Status::Unviewed);
         assert_eq!(state.records["k"].status, Status::Unviewed);
         assert_eq!(turn(&mut state, &all, recent, 20), ["u", "k"]);
@@ -297,6 +413,7 @@ mod tests {
                     lifetime: Lifetime::Once,
                 },
             )]),
+            ..Delta::default()
         };
         let d2 = Delta {
             records: BTreeMap::from([
@@ -315,15 +432,73 @@ mod tests {
                     },
                 ),
             ]),
+            ..Delta::default()
         };
         let mut b = a.clone();
-        apply(&mut a, &d1);
-        apply(&mut a, &d2);
-        apply(&mut b, &d2);
-        apply(&mut b, &d1);
-        apply(&mut b, &d1);
+        apply(&mut a, &d1, 1);
+        apply(&mut a, &d2, 2);
+        apply(&mut b, &d2, 3);
+        apply(&mut b, &d1, 4);
+        apply(&mut b, &d1, 5);
         assert_eq!(a, b);
         assert_eq!(a.records["x"].status, Status::Viewed);
+    }
+
+    #[test]
+    fn a_long_session_keeps_a_bounded_state() {
+        // 5,000 turns, a new screenshot each, the client keeping its last 10 turns.
+        let recent = Recent { count: 3, batch: 2 };
+        let mut state = SessionState::default();
+        let mut history: Vec<Candidate> = Vec::new();
+        for t in 0..5_000u64 {
+            history.push(c(&format!("s{t}"), Lifetime::Recent));
+            if history.len() > 10 {
+                history.remove(0);
+            }
+            turn_at(&mut state, &history, recent, 20, t);
+        }
+        assert!(state.records.len() <= 10, "{}", state.records.len());
+        assert_eq!(state.released.len(), MAX_RELEASED);
+        // The newest releases are the ones remembered.
+        assert_eq!(state.status("s4989"), Some(Status::Released));
+        assert_eq!(state.status("s0"), None);
+        let mut links = SessionState::default();
+        for t in 0..1_000u64 {
+            let delta = Delta {
+                links: [format!("{t:032x}:1:t")].into(),
+                ..Delta::default()
+            };
+            apply(&mut links, &delta, t);
+        }
+        assert_eq!(links.links.len(), MAX_LINKS);
+        assert!(links.links.contains_key(&format!("{:032x}:1:t", 999)));
+    }
+
+    #[test]
+    fn a_state_stored_by_an_older_version_is_normalized() {
+        let record = |status, lifetime| Record { status, lifetime };
+        let mut state = SessionState {
+            records: BTreeMap::from([
+                ("gone".into(), record(Status::Released, Lifetime::Once)),
+                (
+                    "read:00ff:2:tabc".into(),
+                    record(Status::Released, Lifetime::Retain),
+                ),
+                ("live".into(), record(Status::Viewed, Lifetime::Once)),
+            ]),
+            ..SessionState::default()
+        };
+        state.normalize(7);
+        assert_eq!(state.records.keys().collect::<Vec<_>>(), ["live"]);
+        assert_eq!(state.status("gone"), Some(Status::Released));
+        assert_eq!(state.links.keys().collect::<Vec<_>>(), ["00ff:2:tabc"]);
+        // A released record never comes back, whatever arrives later (A10).
+        let late = Delta {
+            records: BTreeMap::from([("gone".into(), record(Status::Viewed, Lifetime::Once))]),
+            ..Delta::default()
+        };
+        apply(&mut state, &late, 8);
+        assert_eq!(state.status("gone"), Some(Status::Released));
     }
 
     proptest! {
@@ -357,15 +532,15 @@ mod tests {
                 }).collect();
                 prop_assert!(embedded.iter().filter(|e| **e).count() <= max);
                 for (cand, (d, e)) in history.iter().zip(decisions.iter().zip(&embedded)) {
-                    if let Some(r) = before.records.get(&cand.key) {
-                        if matches!(r.status, Status::Pruned | Status::Released) {
+                    if let Some(status) = before.status(&cand.key) {
+                        if matches!(status, Status::Pruned | Status::Released) {
                             prop_assert!(!*e && *d != Decision::Eligible, "a pruned or released image returned");
                         }
                     }
                 }
                 let delta = settle(&state, &history, &decisions, &embedded);
                 if ok {
-                    apply(&mut state, &delta);
+                    apply(&mut state, &delta, i as u64);
                     for (cand, e) in history.iter().zip(&embedded) {
                         if *e && cand.lifetime == Lifetime::Once {
                             *once_shown.entry(cand.key.clone()).or_default() += 1;

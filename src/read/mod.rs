@@ -13,8 +13,7 @@ pub mod stream;
 
 use serde_json::{json, Value};
 
-use crate::attach::state::{Record, SessionState, Status};
-use crate::config::Lifetime;
+use crate::attach::state::SessionState;
 use crate::dialect::Dialect;
 use crate::exit::cursor::{Cursor, CursorError};
 use crate::exit::notice;
@@ -197,8 +196,6 @@ pub struct Link {
     pub artifact: ArtifactId,
 }
 
-const LINK_PREFIX: &str = "read:";
-
 impl Link {
     /// The artifact bytes: replacement items, NUL (never raw in JSON), next-message prefix.
     pub fn content(replacement: &str, next_prefix: &str) -> Vec<u8> {
@@ -209,30 +206,18 @@ impl Link {
         ArtifactId::for_content(tenant, ArtifactKind::Text, content)
     }
 
-    /// The delivery-state record that stores the link. It rides in the session's record map as
-    /// a released record: every backend stores and merges it unchanged, and the attachment state
-    /// machine never acts on released records it has no candidate for.
-    pub fn record(&self) -> (String, Record) {
-        (
-            format!(
-                "{LINK_PREFIX}{:032x}:{}:{}",
-                self.fingerprint, self.items, self.artifact
-            ),
-            Record {
-                status: Status::Released,
-                lifetime: Lifetime::Retain,
-            },
-        )
+    /// How the session's delivery state stores the link: `<fingerprint>:<items>:<artifact>`.
+    pub fn key(&self) -> String {
+        format!("{:032x}:{}:{}", self.fingerprint, self.items, self.artifact)
     }
 
     /// The links a session holds.
     pub fn all(state: &SessionState) -> Vec<Link> {
         state
-            .records
+            .links
             .keys()
-            .filter_map(|k| k.strip_prefix(LINK_PREFIX))
-            .filter_map(|rest| {
-                let mut parts = rest.splitn(3, ':');
+            .filter_map(|key| {
+                let mut parts = key.splitn(3, ':');
                 Some(Link {
                     fingerprint: u128::from_str_radix(parts.next()?, 16).ok()?,
                     items: parts.next()?.parse().ok().filter(|n| *n > 0)?,
@@ -498,7 +483,7 @@ mod tests {
     }
 
     #[test]
-    fn links_round_trip_through_records() {
+    fn links_round_trip_through_the_state() {
         let t = Tenant::from_credential(b"k");
         let content = Link::content("[1]", "");
         let link = Link {
@@ -506,9 +491,9 @@ mod tests {
             items: 2,
             artifact: Link::artifact_for(&t, &content),
         };
-        let (key, record) = link.record();
         let state = SessionState {
-            records: BTreeMap::from([(key, record), ("other#0#x".to_string(), record)]),
+            links: BTreeMap::from([(link.key(), 1), ("not a link".to_string(), 2)]),
+            ..SessionState::default()
         };
         assert_eq!(Link::all(&state), vec![link]);
     }

@@ -1,12 +1,132 @@
-//! The one commit path of delivery state (A9).
+//! The one commit path of delivery state (A9): a request's delta is written only once its
+//! response completed and reached the client. The relay, the non-streamed read rounds and the
+//! streamed read rounds all hand their [`Commit`] to the response body, which settles it when it
+//! ends: [`Commit::settle`] with `true` writes it; an incomplete end, or a body dropped before its
+//! end (the client hung up), counts it `discarded`.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use tokio_util::task::TaskTracker;
 
 use crate::attach::state::Delta;
 use crate::session::{SessionKey, SessionStore};
+use crate::upstream::BoxError;
 
 use super::Shared;
 
+/// A request's delivery-state change, waiting for its response to end.
+pub(super) struct Commit {
+    /// Where it goes; `None` once settled, or when there is nowhere to write (no session, a
+    /// request that shows the model nothing).
+    to: Option<(Arc<Shared>, TaskTracker, SessionKey)>,
+    delta: Delta,
+}
+
+impl Commit {
+    /// Nothing to commit (pass-through, a request without a session).
+    pub(super) fn none() -> Commit {
+        Commit {
+            to: None,
+            delta: Delta::default(),
+        }
+    }
+
+    pub(super) fn new(
+        shared: &Arc<Shared>,
+        tasks: &TaskTracker,
+        session: Option<SessionKey>,
+        delta: Delta,
+    ) -> Commit {
+        Commit {
+            to: session.map(|s| (shared.clone(), tasks.clone(), s)),
+            delta,
+        }
+    }
+
+    /// The delta so far, for the read rounds to add the link of their hidden rounds (C3).
+    pub(super) fn delta_mut(&mut self) -> &mut Delta {
+        &mut self.delta
+    }
+
+    /// Whether this request has a session to remember things in.
+    pub(super) fn has_session(&self) -> bool {
+        self.to.is_some()
+    }
+
+    /// The response ended: written when it `complete`d (on a tracked task, so shutdown waits
+    /// for it), counted `discarded` otherwise.
+    pub(super) fn settle(mut self, complete: bool) {
+        let Some((shared, tasks, session)) = self.to.take() else {
+            return;
+        };
+        if self.delta.is_empty() {
+            return;
+        }
+        if complete {
+            let delta = std::mem::take(&mut self.delta);
+            tasks.spawn(async move { shared.commit(&session, &delta).await });
+        } else {
+            shared.discarded();
+        }
+    }
+}
+
+impl Drop for Commit {
+    /// Never settled: the response did not reach the client.
+    fn drop(&mut self) {
+        if let Some((shared, _, _)) = self.to.take() {
+            if !self.delta.is_empty() {
+                shared.discarded();
+            }
+        }
+    }
+}
+
+/// A whole response body that settles its commit when it hands its bytes on (A9): hyper takes
+/// them whole for the socket, as the relay's body counts a body complete once its declared
+/// length passed. One dropped before that (the client hung up) commits nothing.
+pub(super) struct WholeBody {
+    bytes: Option<Bytes>,
+    commit: Option<Commit>,
+}
+
+impl WholeBody {
+    pub(super) fn new(bytes: Bytes, commit: Commit) -> WholeBody {
+        WholeBody {
+            bytes: Some(bytes),
+            commit: Some(commit),
+        }
+    }
+}
+
+impl http_body::Body for WholeBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(commit) = this.commit.take() {
+            commit.settle(true);
+        }
+        Poll::Ready(this.bytes.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.bytes.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.bytes.as_ref().map_or(0, |b| b.len() as u64))
+    }
+}
 impl Shared {
     /// Writes the delivery-state delta of a request whose response completed (A9), and
     /// records how it went: `committed` (with the images it pruned) or `failed`.

@@ -18,6 +18,7 @@ use crate::store::ArtifactKind;
 use crate::tenant::Tenant;
 use crate::upstream::{self};
 
+use super::commit::Commit;
 use super::{
     decode_body, read_body, rounds, App, Body, Context, InFlight, NOTHING_PROJECTED, PROJECTION,
 };
@@ -173,10 +174,14 @@ impl App {
                 tool = Some(name);
             }
         }
-        let commit = session
-            .clone()
-            .filter(|_| shows_model && !projection.delta.records.is_empty())
-            .map(|session| (session, projection.delta.clone()));
+        // A9: written only once the response completed and reached the client; count_tokens
+        // shows the model nothing and never commits.
+        let mut commit = Commit::new(
+            &self.shared,
+            &self.commits,
+            session.filter(|_| shows_model),
+            projection.delta,
+        );
         drop(view);
         // The artifacts must be durable before the model is shown a reference to them (T3):
         // if they cannot be stored, the request fails rather than go out with a broken cursor.
@@ -251,8 +256,7 @@ impl App {
             headers: headers.clone(),
             body: forwarded.clone(),
             original: body.clone(),
-            session: session.clone(),
-            delta: projection.delta.clone(),
+            commit: std::mem::replace(&mut commit, Commit::none()),
             images: {
                 let limits = &route.config.images;
                 let embedded = projection.images.iter().filter(|i| i.outcome == "embedded");
@@ -274,13 +278,8 @@ impl App {
             .await;
         let started = match sent {
             Ok(started) => started,
-            Err(e) => {
-                // No response at all: the delta is discarded as for any that did not complete.
-                if commit.is_some() {
-                    self.shared.discarded();
-                }
-                return Err(e);
-            }
+            // No response at all: the commit is dropped, and counted discarded.
+            Err(e) => return Err(e),
         };
         let answered_at = Instant::now();
         self.metrics

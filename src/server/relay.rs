@@ -10,12 +10,11 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::attach::state::Delta;
 use crate::dialect::completion::Completion;
 use crate::error::GatewayError;
-use crate::session::SessionKey;
 use crate::upstream::{self, BoxError};
 
+use super::commit::Commit;
 use super::{App, Body, Context, InFlight};
 
 impl App {
@@ -62,7 +61,7 @@ impl App {
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
             .observe(upstream::seconds_since(sent_at));
-        Ok(self.relay(started, ctx, inflight, start, None, None))
+        Ok(self.relay(started, ctx, inflight, start, None, Commit::none()))
     }
 
     /// Streams an upstream response to the client; records the stream's end (O2).
@@ -73,25 +72,18 @@ impl App {
         inflight: InFlight,
         start: Instant,
         watch: Option<Completion>,
-        commit: Option<(SessionKey, Delta)>,
+        commit: Commit,
     ) -> Response<Body> {
         let status = started.status;
         let event_stream = started.is_event_stream();
         let watch = watch.filter(|_| event_stream);
-        let (shared, commits) = (self.shared.clone(), self.commits.clone());
         let headers = upstream::response_headers(std::mem::take(&mut started.headers));
         let metrics = self.metrics.clone();
         let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
         let body = started.relay(watch, move |end| {
             drop(inflight);
             // A9: state changes count only when the response completed.
-            if let Some((session, delta)) = commit {
-                if end.complete {
-                    commits.spawn(async move { shared.commit(&session, &delta).await });
-                } else {
-                    shared.discarded();
-                }
-            }
+            commit.settle(end.complete);
             if event_stream {
                 metrics
                     .streams_total

@@ -13,17 +13,16 @@ use http::header::{self, HeaderMap};
 use http::{Method, Response};
 use http_body::Frame;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
-use super::{full, App, Body, Context, InFlight};
-use crate::attach::state::Delta;
+use super::commit::{Commit, WholeBody};
+use super::{App, Body, Context, InFlight};
 use crate::dialect::Dialect;
 use crate::metrics::StreamOutcome;
 use crate::projection::splice;
 use crate::read::reply::{self, Output};
 use crate::read::stream::Stitcher;
 use crate::read::{self, Call, Link, Shape};
-use crate::session::SessionKey;
 use crate::tenant::Tenant;
 use crate::upstream::{BoxError, Started};
 
@@ -45,8 +44,8 @@ pub(super) struct Job {
     /// The client's request as sent: its last history item starts a link's fingerprint (read
     /// only when rounds were hidden, so a request the model answers at once pays nothing).
     pub original: Bytes,
-    pub session: Option<SessionKey>,
-    pub delta: Delta,
+    /// The request's delivery-state change; the link of hidden rounds joins it (C3).
+    pub commit: Commit,
     /// Images this request may still show (C5: re-read images count against the route's
     /// budgets, after the images the request already embeds).
     pub images: ImageRoom,
@@ -120,12 +119,7 @@ impl App {
         };
         if !started.status.is_success() {
             // The provider refused the first round: relayed as is; the delta is discarded there.
-            let commit = job
-                .session
-                .clone()
-                .filter(|_| !job.delta.records.is_empty())
-                .map(|s| (s, job.delta.clone()));
-            let response = self.relay(started, ctx, inflight, start, None, commit);
+            let response = self.relay(started, ctx, inflight, start, None, job.commit);
             overhead(answered.elapsed());
             return response;
         }
@@ -176,7 +170,6 @@ impl App {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::warn!(request_id = %ctx.request_id, error = %e, "read round: upstream body failed");
-                    self.discarded(&job);
                     return self
                         .error_response(ctx, &crate::error::GatewayError::UpstreamUnreachable);
                 }
@@ -184,8 +177,8 @@ impl App {
             let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
                 // Not JSON: the client gets it as the provider sent it (a whole 2xx body: the
                 // request's delta counts as delivered, A9).
-                self.remember(&job, &rounds).await;
-                return respond(status, headers, bytes, inflight);
+                self.remember(&mut job, &rounds).await;
+                return respond(status, headers, bytes, inflight, job.commit);
             };
             let output = reply::parse(job.dialect, &value);
             let (reads, others) = owned_reads(&output, &job.tool);
@@ -210,25 +203,22 @@ impl App {
                 Ok(next) if next.status.is_success() => next,
                 // A failed round: the client gets the upstream's error; nothing is committed.
                 Ok(failed) => {
-                    self.discarded(&job);
-                    return self.relay(failed, ctx, inflight, Instant::now(), None, None);
+                    return self.relay(failed, ctx, inflight, Instant::now(), None, job.commit);
                 }
-                Err(e) => {
-                    self.discarded(&job);
-                    return self.error_response(ctx, &e);
-                }
+                Err(e) => return self.error_response(ctx, &e),
             };
         };
         self.metrics
             .read_rounds
             .observe(rounds.answered.len() as f64);
-        self.remember(&job, &rounds).await;
+        self.remember(&mut job, &rounds).await;
         if rounds.answered.is_empty() {
             // The model answered at once: its response, byte for byte.
-            return respond(status, headers, last_bytes, inflight);
+            return respond(status, headers, last_bytes, inflight, job.commit);
         }
         let merged = reply::merged(job.dialect, last, &rounds.outputs, &job.tool);
-        respond(status, headers, Bytes::from(merged.to_string()), inflight)
+        let merged = Bytes::from(merged.to_string());
+        respond(status, headers, merged, inflight, job.commit)
     }
 
     /// Streamed rounds, stitched into one client stream by a tracked task. The first upstream
@@ -250,15 +240,19 @@ impl App {
             _ => None,
         };
         let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(16);
+        // A completed stream's commit, settled by the body once the client has taken the end.
+        let (done_tx, done) = oneshot::channel::<Commit>();
         let app = self.clone();
         let request_id = ctx.request_id.clone();
         let dialect_name = ctx.dialect;
         let mut job = job;
         self.commits.spawn(async move {
             let outcome = app.stream_rounds(&mut job, started, stitch, &tx).await;
-            if outcome != StreamOutcome::Completed {
-                app.discarded(&job);
+            if outcome == StreamOutcome::Completed {
+                // Before the stream's end: the body finds it there when it ends.
+                let _ = done_tx.send(job.commit);
             }
+            drop(tx);
             app.metrics
                 .streams_total
                 .with_label_values(&[dialect_name, outcome.as_str()])
@@ -273,6 +267,7 @@ impl App {
         let body = ChannelBody {
             first: first.filter(|b| !b.is_empty()),
             rx,
+            done,
         };
         let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(body));
         *response.status_mut() = status;
@@ -417,53 +412,40 @@ impl App {
         out
     }
 
-    /// Counts a delta that is not committed because the response did not complete (A9).
-    fn discarded(&self, job: &Job) {
-        if job.session.is_some() && !job.delta.records.is_empty() {
-            self.shared.discarded();
-        }
-    }
-
-    /// Commits the request's delivery-state delta and, when rounds were hidden from the
-    /// client, the link that splices them back into later requests (C3). Runs only once the
-    /// client's response is complete.
-    async fn remember(&self, job: &Job, rounds: &Rounds) {
-        let Some(session) = &job.session else {
+    /// Adds to the request's commit the link that splices hidden rounds back into later
+    /// requests (C3), once their artifact is stored. The commit itself waits for the response
+    /// to reach the client.
+    async fn remember(&self, job: &mut Job, rounds: &Rounds) {
+        if !job.commit.has_session() || rounds.answered.is_empty() {
             return;
-        };
-        let mut delta = job.delta.clone();
-        if !rounds.answered.is_empty() {
-            let shown = reply::visible(job.dialect, &rounds.outputs, &job.tool);
-            let (items, prefix) = rounds.hidden(job.dialect);
-            if !shown.is_empty() && !items.is_empty() {
-                let content = Link::content(&items, &prefix);
-                let link = Link {
-                    fingerprint: read::fingerprint(
-                        Shape::read(job.dialect, &job.original)
-                            .and_then(|s| s.last_item())
-                            .as_ref(),
-                        &shown,
-                    ),
-                    items: shown.len(),
-                    artifact: Link::artifact_for(&job.tenant, &content),
-                };
-                match self
-                    .artifacts
-                    .put(&job.tenant, &link.artifact, Bytes::from(content))
-                    .await
-                {
-                    Ok(()) => {
-                        let (key, record) = link.record();
-                        delta.records.insert(key, record);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot store hidden read rounds; later turns will not show them");
-                    }
-                }
-            }
         }
-        if !delta.records.is_empty() {
-            self.shared.commit(session, &delta).await;
+        let shown = reply::visible(job.dialect, &rounds.outputs, &job.tool);
+        let (items, prefix) = rounds.hidden(job.dialect);
+        if shown.is_empty() || items.is_empty() {
+            return;
+        }
+        let content = Link::content(&items, &prefix);
+        let link = Link {
+            fingerprint: read::fingerprint(
+                Shape::read(job.dialect, &job.original)
+                    .and_then(|s| s.last_item())
+                    .as_ref(),
+                &shown,
+            ),
+            items: shown.len(),
+            artifact: Link::artifact_for(&job.tenant, &content),
+        };
+        match self
+            .artifacts
+            .put(&job.tenant, &link.artifact, Bytes::from(content))
+            .await
+        {
+            Ok(()) => {
+                job.commit.delta_mut().links.insert(link.key());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot store hidden read rounds; later turns will not show them");
+            }
         }
     }
 }
@@ -557,9 +539,11 @@ fn respond(
     headers: HeaderMap,
     bytes: Bytes,
     inflight: InFlight,
+    commit: Commit,
 ) -> Response<Body> {
     drop(inflight);
-    let mut response = Response::new(full(bytes));
+    let body = WholeBody::new(bytes, commit);
+    let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
@@ -569,6 +553,8 @@ fn respond(
 struct ChannelBody {
     first: Option<Bytes>,
     rx: mpsc::Receiver<Result<Bytes, BoxError>>,
+    /// The commit of a stream that completed, settled when the client has taken its end (A9).
+    done: oneshot::Receiver<Commit>,
 }
 
 impl http_body::Body for ChannelBody {
@@ -583,8 +569,14 @@ impl http_body::Body for ChannelBody {
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
-        this.rx
-            .poll_recv(cx)
-            .map(|next| next.map(|r| r.map(Frame::data)))
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(None) => {
+                if let Ok(commit) = this.done.try_recv() {
+                    commit.settle(true);
+                }
+                Poll::Ready(None)
+            }
+            other => other.map(|next| next.map(|r| r.map(Frame::data))),
+        }
     }
 }

@@ -2,9 +2,13 @@
 //! any replica serves any session. One multiplexed connection per process, reconnecting on its
 //! own after a Redis restart. Keys expire after `idle_ttl_seconds` without use.
 //!
-//! Keys: `sluice:a:<tenant namespace>:<artifact id>` (bytes) and `sluice:s:<session>` (a hash
-//! of attachment identity → status and lifetime). A commit is one Lua script that keeps, per
-//! attachment, the furthest status: atomic, and concurrent commits of one session both land.
+//! Keys: `sluice:a:<tenant namespace>:<artifact id>` (bytes); per session `sluice:s:<session>`
+//! (a hash of live attachment identity → status and lifetime), `sluice:s:<session>:released`
+//! (a sorted set of released identities' hashes, by when) and `sluice:s:<session>:links` (a
+//! sorted set of read-tool links, by when). A commit is one Lua script that keeps, per
+//! attachment, the furthest status, moves released ones to the set, and trims both sets to
+//! their caps: atomic, and concurrent commits of one session both land. The three keys of a
+//! session are used together, so sluice needs one Redis or Valkey, not a Cluster.
 
 use std::time::Duration;
 
@@ -13,21 +17,48 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 
 use super::{ArtifactId, ArtifactStore, StoreError};
-use crate::attach::state::{Delta, Record, SessionState, Status};
+use crate::attach::state::{
+    released_key, Delta, Record, SessionState, Status, MAX_LINKS, MAX_RELEASED,
+};
 use crate::config::Lifetime;
 use crate::session::{SessionKey, SessionStore};
 use crate::tenant::Tenant;
 
-/// Merges a delta: ARGV[1] is the TTL, then field/value pairs; a value's first character is its
-/// status rank, which only rises.
+/// Merges a delta. KEYS: the records hash, the released set, the links set. ARGV: TTL, stamp,
+/// the two caps, the number of records, then per record its identity, value and released key
+/// (hex), then the new links. A value's first character is its status rank, which only rises;
+/// rank 3 (released) leaves the hash for the released set, and a released identity is never
+/// written back to the hash.
 const MERGE: &str = r"
-for i = 2, #ARGV - 1, 2 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if (not cur) or tonumber(string.sub(cur, 1, 1)) < tonumber(string.sub(ARGV[i + 1], 1, 1)) then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+local ttl, stamp = ARGV[1], ARGV[2]
+local max_released, max_links = tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+local i = 6
+for _ = 1, n do
+  local field, value, released = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = i + 3
+  if string.sub(value, 1, 1) == '3' then
+    redis.call('HDEL', KEYS[1], field)
+    if not redis.call('ZSCORE', KEYS[2], released) then
+      redis.call('ZADD', KEYS[2], stamp, released)
+    end
+  elseif not redis.call('ZSCORE', KEYS[2], released) then
+    local cur = redis.call('HGET', KEYS[1], field)
+    if (not cur) or tonumber(string.sub(cur, 1, 1)) < tonumber(string.sub(value, 1, 1)) then
+      redis.call('HSET', KEYS[1], field, value)
+    end
   end
 end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
+for j = i, #ARGV do
+  if not redis.call('ZSCORE', KEYS[3], ARGV[j]) then
+    redis.call('ZADD', KEYS[3], stamp, ARGV[j])
+  end
+end
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(max_released + 1))
+redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(max_links + 1))
+for k = 1, 3 do
+  redis.call('EXPIRE', KEYS[k], ttl)
+end
 return 1
 ";
 
@@ -66,8 +97,12 @@ impl RedisStore {
         format!("sluice:a:{}:{id}", tenant.namespace())
     }
 
-    fn session_key(key: &SessionKey) -> String {
-        format!("sluice:s:{}", key.0)
+    /// A session's three keys: live records, released, links.
+    fn session_keys(key: &SessionKey) -> [String; 3] {
+        let records = format!("sluice:s:{}", key.0);
+        let released = format!("{records}:released");
+        let links = format!("{records}:links");
+        [records, released, links]
     }
 }
 
@@ -158,27 +193,60 @@ impl ArtifactStore for RedisStore {
 impl SessionStore for RedisStore {
     async fn load(&self, key: &SessionKey) -> Result<SessionState, StoreError> {
         let mut conn = self.conn.clone();
-        let key = Self::session_key(key);
-        let (fields, _): (Vec<(String, String)>, i64) = redis::pipe()
-            .hgetall(&key)
-            .expire(&key, self.ttl as i64)
+        let [records, released, links] = Self::session_keys(key);
+        type Scored = Vec<(String, f64)>;
+        let (fields, released, links): (Vec<(String, String)>, Scored, Scored) = redis::pipe()
+            .hgetall(&records)
+            .zrange_withscores(&released, 0, -1)
+            .zrange_withscores(&links, 0, -1)
+            .expire(&records, self.ttl as i64)
+            .ignore()
+            .expire(&released, self.ttl as i64)
+            .ignore()
+            .expire(&links, self.ttl as i64)
+            .ignore()
             .query_async(&mut conn)
             .await
             .map_err(err)?;
-        Ok(SessionState {
+        // Scores are millisecond stamps: exact in an f64 for millennia.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let stamp = |score: f64| score as u64;
+        let mut state = SessionState {
             records: fields
                 .into_iter()
                 .filter_map(|(k, v)| decode(&v).map(|r| (k, r)))
                 .collect(),
-        })
+            released: released
+                .into_iter()
+                .filter_map(|(k, s)| Some((u64::from_str_radix(&k, 16).ok()?, stamp(s))))
+                .collect(),
+            links: links.into_iter().map(|(k, s)| (k, stamp(s))).collect(),
+        };
+        // Records of an older version's layout: read as now (they expire with the session).
+        state.normalize(0);
+        Ok(state)
     }
 
     async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        let mut invocation = self.merge.key(Self::session_key(key));
-        invocation.arg(self.ttl);
+        let [records, released, links] = Self::session_keys(key);
+        let mut invocation = self.merge.key(records);
+        invocation
+            .key(released)
+            .key(links)
+            .arg(self.ttl)
+            .arg(crate::session::stamp())
+            .arg(MAX_RELEASED)
+            .arg(MAX_LINKS)
+            .arg(delta.records.len());
         for (k, record) in &delta.records {
-            invocation.arg(k).arg(encode(record));
+            invocation
+                .arg(k)
+                .arg(encode(record))
+                .arg(format!("{:016x}", released_key(k)));
+        }
+        for link in &delta.links {
+            invocation.arg(link);
         }
         invocation
             .invoke_async::<i64>(&mut conn)
