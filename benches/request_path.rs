@@ -23,11 +23,11 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde_json::json;
-use sluice::attach::state::SessionState;
-use sluice::attach::Memo as MediaMemo;
 use sluice::config::{Config, RouteConfig};
 use sluice::dialect::Dialect;
-use sluice::exit::Memo;
+use sluice::projection::attach::state::SessionState;
+use sluice::projection::attach::Memo as MediaMemo;
+use sluice::projection::exit::Memo;
 use sluice::projection::{project, splice, Context};
 use sluice::server::Server;
 use sluice::tenant::Tenant;
@@ -316,13 +316,13 @@ fn images(c: &mut Criterion) {
     });
     group.bench_function("extract_and_check/2mb_screenshot", |b| {
         b.iter(|| {
-            black_box(sluice::attach::extract::tool_result(
+            black_box(sluice::projection::attach::extract::tool_result(
                 black_box(&content),
                 &tenant,
             ))
         })
     });
-    let memo = sluice::attach::Memo::default();
+    let memo = sluice::projection::attach::Memo::default();
     memo.tool_result(&content, &tenant);
     group.bench_function("extract_and_check_remembered/2mb_screenshot", |b| {
         b.iter(|| black_box(memo.tool_result(black_box(&content), &tenant)))

@@ -17,11 +17,11 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use serde_json::json;
-use sluice::attach::state::{apply, SessionState};
-use sluice::attach::Memo as MediaMemo;
 use sluice::config::RouteConfig;
 use sluice::dialect::Dialect;
-use sluice::exit::Memo;
+use sluice::projection::attach::state::{apply, SessionState};
+use sluice::projection::attach::Memo as MediaMemo;
+use sluice::projection::exit::Memo;
 use sluice::projection::{project, splice, Context};
 use sluice::tenant::Tenant;
 

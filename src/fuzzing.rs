@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::attach::state::SessionState;
 use crate::config::{Config, RouteConfig};
 use crate::dialect::completion::Completion;
 use crate::dialect::Dialect;
 use crate::encoding::{Coding, Decoder};
+use crate::projection::attach::state::SessionState;
 use crate::projection::{self, splice};
 use crate::read::stream::Stitcher;
 use crate::tenant::Tenant;
@@ -59,8 +59,8 @@ pub fn request(data: &[u8]) {
     route.exit.max_lines = 20;
     route.exit.max_units = 400;
     route.images.max_images = 2;
-    let memo = crate::exit::Memo::new(Duration::from_secs(60));
-    let media = crate::attach::Memo::new(Duration::from_secs(60));
+    let memo = crate::projection::exit::Memo::new(Duration::from_secs(60));
+    let media = crate::projection::attach::Memo::new(Duration::from_secs(60));
     let state = SessionState::default();
     let ctx = projection::Context {
         tenant: &tenant,
@@ -127,7 +127,7 @@ pub fn image(data: &[u8]) {
         if let Ok(bytes) = crate::image::decode_base64(text, 1 << 20) {
             let _ = crate::image::check(bytes.into(), None);
         }
-        let _ = crate::attach::extract::split_data_url(text);
+        let _ = crate::projection::attach::extract::split_data_url(text);
     }
 }
 
@@ -136,7 +136,8 @@ pub fn cursor(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = crate::exit::cursor::Cursor::decode(text, &Tenant::from_credential(b"fuzz"));
+    let _ =
+        crate::projection::exit::cursor::Cursor::decode(text, &Tenant::from_credential(b"fuzz"));
     let _ = crate::store::ArtifactId::parse(text);
     let _ = crate::json::without_lone_surrogates(text);
 }

@@ -21,12 +21,10 @@
 //! - [`metrics`]: every Prometheus metric.
 //! - [`json`]: panic-free edits of untrusted JSON.
 
-pub mod attach;
 pub mod config;
 pub mod dialect;
 pub mod encoding;
 pub mod error;
-pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod image;
@@ -36,7 +34,6 @@ pub mod projection;
 pub mod read;
 pub mod route;
 pub mod server;
-pub mod session;
 pub mod store;
 pub mod tenant;
 pub mod upstream;

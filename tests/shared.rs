@@ -305,9 +305,9 @@ async fn hidden_read_rounds_are_spliced_back_by_the_other_process() {
 #[tokio::test]
 #[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
 async fn a_long_session_keeps_a_bounded_state_in_redis() {
-    use sluice::attach::state::{Delta, Record, Status, MAX_LINKS, MAX_RELEASED};
     use sluice::config::Lifetime;
-    use sluice::session::{SessionKey, SessionStore};
+    use sluice::projection::attach::state::{Delta, Record, Status, MAX_LINKS, MAX_RELEASED};
+    use sluice::store::session::{SessionKey, SessionStore};
     let store = sluice::store::redis::RedisStore::connect(REDIS, Duration::from_secs(60))
         .await
         .unwrap();

@@ -13,11 +13,11 @@ pub mod stream;
 
 use serde_json::{json, Value};
 
-use crate::attach::state::SessionState;
 use crate::dialect::Dialect;
-use crate::exit::cursor::{Cursor, CursorError};
-use crate::exit::notice;
-use crate::exit::text::Lines;
+use crate::projection::attach::state::SessionState;
+use crate::projection::exit::cursor::{Cursor, CursorError};
+use crate::projection::exit::notice;
+use crate::projection::exit::text::Lines;
 use crate::projection::{Edit, Span};
 use crate::store::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;

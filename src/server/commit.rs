@@ -13,8 +13,8 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio_util::task::TaskTracker;
 
-use crate::attach::state::Delta;
-use crate::session::{SessionKey, SessionStore};
+use crate::projection::attach::state::Delta;
+use crate::store::session::{SessionKey, SessionStore};
 use crate::upstream::BoxError;
 
 use super::Shared;
@@ -134,7 +134,7 @@ impl Shared {
         let pruned = delta
             .records
             .values()
-            .filter(|r| r.status == crate::attach::state::Status::Pruned)
+            .filter(|r| r.status == crate::projection::attach::state::Status::Pruned)
             .count() as u64;
         let started = Instant::now();
         let result = self.sessions.commit(session, delta).await;

@@ -7,9 +7,9 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::error::GatewayError;
-use crate::exit::cursor::{Cursor, CursorError};
-use crate::exit::notice;
-use crate::exit::text::Lines;
+use crate::projection::exit::cursor::{Cursor, CursorError};
+use crate::projection::exit::notice;
+use crate::projection::exit::text::Lines;
 use crate::store::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;
 

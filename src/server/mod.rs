@@ -26,12 +26,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::config::StoreBackend;
-use crate::exit::Memo;
 use crate::metrics::Metrics;
+use crate::projection::exit::Memo;
 use crate::route::RouteTable;
-use crate::session::{EmbeddedSessions, Sessions};
 use crate::store::file::FileStore;
 use crate::store::redis::RedisStore;
+use crate::store::session::{EmbeddedSessions, Sessions};
 use crate::store::{Artifacts, Backend};
 use crate::upstream::{BoxError, Upstream};
 
@@ -105,7 +105,7 @@ struct Shared {
     next_id: AtomicU64,
     artifacts: Artifacts<Backend>,
     memo: Memo,
-    media: crate::attach::Memo,
+    media: crate::projection::attach::Memo,
     sessions: Arc<Sessions>,
     session_header: http::HeaderName,
     /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
@@ -201,7 +201,7 @@ impl Server {
                 next_id: AtomicU64::new(0),
                 artifacts,
                 memo: Memo::new(ttl),
-                media: crate::attach::Memo::new(ttl),
+                media: crate::projection::attach::Memo::new(ttl),
                 sessions: Arc::new(sessions),
                 session_header,
                 seen: moka::sync::Cache::builder()

@@ -6,14 +6,14 @@ use std::time::Instant;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
-use crate::attach::state::SessionState;
 use crate::dialect::completion::Completion;
 use crate::dialect::Dialect;
 use crate::encoding::Coding;
 use crate::error::GatewayError;
+use crate::projection::attach::state::SessionState;
 use crate::projection::{self, splice, Summary};
 use crate::read;
-use crate::session::{SessionKey, SessionStore};
+use crate::store::session::{SessionKey, SessionStore};
 use crate::store::ArtifactKind;
 use crate::tenant::Tenant;
 use crate::upstream::{self};

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use crate::session::Sessions;
+use crate::store::session::Sessions;
 use crate::store::Backend;
 use crate::upstream::Upstream;
 

@@ -17,11 +17,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 
 use super::{ArtifactId, ArtifactStore, StoreError};
-use crate::attach::state::{
+use crate::config::Lifetime;
+use crate::projection::attach::state::{
     released_key, Delta, Record, SessionState, Status, MAX_LINKS, MAX_RELEASED,
 };
-use crate::config::Lifetime;
-use crate::session::{SessionKey, SessionStore};
+use crate::store::session::{SessionKey, SessionStore};
 use crate::tenant::Tenant;
 
 /// Merges a delta. KEYS: the records hash, the released set, the links set. ARGV: TTL, stamp,
@@ -235,7 +235,7 @@ impl SessionStore for RedisStore {
             .key(released)
             .key(links)
             .arg(self.ttl)
-            .arg(crate::session::stamp())
+            .arg(crate::store::session::stamp())
             .arg(MAX_RELEASED)
             .arg(MAX_LINKS)
             .arg(delta.records.len());

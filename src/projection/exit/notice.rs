@@ -4,7 +4,7 @@
 
 use super::cursor::{Cursor, CURSOR_LEN};
 use super::text::{page, utf16_len, Budget, Lines, Position};
-use crate::store::ArtifactId;
+use crate::projection::artifact::ArtifactId;
 use crate::tenant::Tenant;
 
 /// A page rendered for the model, and the cursor of the page after it.
@@ -128,7 +128,7 @@ fn notice(n: &Numbers, id: &ArtifactId, cursor: Option<&str>, read_tool: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ArtifactKind;
+    use crate::projection::artifact::ArtifactKind;
     use proptest::prelude::*;
 
     fn setup(text: &str) -> (Tenant, ArtifactId) {

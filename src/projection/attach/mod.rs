@@ -12,7 +12,7 @@ use base64::Engine;
 
 use crate::config::{ImagesConfig, Lifetime};
 use crate::image::{downscale, Checked, Refusal};
-use crate::store::ArtifactId;
+use crate::projection::artifact::ArtifactId;
 
 /// Anthropic refuses images over 2000 px on the long edge once a request holds more than 20.
 pub const ANTHROPIC_MANY_IMAGES: usize = 20;

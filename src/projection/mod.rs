@@ -13,14 +13,18 @@ use serde_json::value::RawValue;
 
 use std::sync::Arc;
 
-use crate::attach::extract::Extracted;
-use crate::attach::state::{self, Candidate, Decision, Delta, SessionState};
-use crate::attach::{self, Embedded, Item, Limits, Media, Outcome};
 use crate::config::{Lifetime, Modality, RouteConfig};
 use crate::dialect::Dialect;
-use crate::exit::{self, text::Budget};
-use crate::store::ArtifactId;
+use crate::projection::artifact::ArtifactId;
+use crate::projection::attach::extract::Extracted;
+use crate::projection::attach::state::{self, Candidate, Decision, Delta, SessionState};
 use crate::tenant::Tenant;
+use attach::{Embedded, Item, Limits, Media, Outcome};
+use exit::text::Budget;
+
+pub mod artifact;
+pub mod attach;
+pub mod exit;
 
 /// A half-open byte range `[start, end)` in the request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,3 +1,5 @@
+//! Unit tests of the media stage: extraction, checks, selection under budgets, notes.
+
 use super::extract::{tool_result, user_part};
 use super::*;
 use crate::image::tests::{encode, picture};

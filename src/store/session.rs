@@ -13,7 +13,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::attach::state::{apply, Delta, SessionState};
+use crate::projection::attach::state::{apply, Delta, SessionState};
 use crate::projection::RequestView;
 use crate::store::StoreError;
 use crate::tenant::Tenant;
@@ -71,7 +71,7 @@ impl SessionKey {
 }
 
 /// A backend for session state. `commit` merges a delta atomically: concurrent commits of one
-/// session both land (deltas are order-free, see [`crate::attach::state`]).
+/// session both land (deltas are order-free, see [`crate::projection::attach::state`]).
 pub trait SessionStore: Send + Sync + 'static {
     /// The session's state; empty when it is new or expired (S2).
     fn load(
@@ -241,9 +241,9 @@ impl SessionStore for Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attach::state::{Record, Status};
     use crate::config::Lifetime;
     use crate::dialect::Dialect;
+    use crate::projection::attach::state::{Record, Status};
 
     #[test]
     fn keys_come_from_header_conversation_or_root_and_are_tenant_scoped() {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::{Extras, Item, Media};
 use crate::config::Lifetime;
 use crate::image::{check, decode_base64, Refusal};
-use crate::store::{ArtifactId, ArtifactKind};
+use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;
 
 /// Decoded bytes one image may have before it is refused unread (base64 text of 64 MiB).
@@ -299,7 +299,7 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
                 .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
                 .and_then(|m| hint(Some(&m)));
             match p.kind.as_deref() {
-                kind if crate::exit::is_text_part(kind) => {
+                kind if crate::projection::exit::is_text_part(kind) => {
                     texts.push(finder.text(p.text.as_deref().unwrap_or_default()));
                 }
                 Some("image") => match p.source {

@@ -19,8 +19,8 @@ use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::dialect::Dialect;
+use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::{Edit, RequestView, ToolResult};
-use crate::store::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;
 use text::{fits, utf16_len, Budget, Lines, Position};
 

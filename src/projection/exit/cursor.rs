@@ -9,7 +9,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::text::{Budget, Position};
-use crate::store::{ArtifactId, ArtifactKind};
+use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;
 
 const VERSION: u8 = 1;
