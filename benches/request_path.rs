@@ -25,9 +25,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use serde_json::json;
 use sluice::config::{Config, RouteConfig};
 use sluice::dialect::Dialect;
+use sluice::memo::Memo;
 use sluice::projection::attach::state::SessionState;
-use sluice::projection::attach::Memo as MediaMemo;
-use sluice::projection::exit::Memo;
+use sluice::projection::memos::Memos;
 use sluice::projection::{project, splice, Context};
 use sluice::server::Server;
 use sluice::tenant::Tenant;
@@ -81,19 +81,17 @@ fn view(c: &mut Criterion) {
         );
         // Steady state: the memo already holds every projection (an agent resending history).
         let memo = Memo::default();
-        let media = MediaMemo::default();
         let warm = |memo: &Memo| {
             let view = Dialect::OpenAiChat.read_view(&body).unwrap();
             let ctx = Context {
                 tenant: &tenant,
-                route: &route,
+                policy: route.policy(&route.read_tool),
                 memo,
-                media: &media,
                 state: &SessionState::default(),
             };
             let p = project(&view, &ctx);
             for (k, v) in p.memos {
-                memo.insert(k, v);
+                memo.insert_page(k, v);
             }
         };
         warm(&memo);
@@ -105,9 +103,8 @@ fn view(c: &mut Criterion) {
                     let view = Dialect::OpenAiChat.read_view(black_box(body)).unwrap();
                     let ctx = Context {
                         tenant: &tenant,
-                        route: &route,
+                        policy: route.policy(&route.read_tool),
                         memo: &memo,
-                        media: &media,
                         state: &SessionState::default(),
                     };
                     let projection = project(&view, &ctx);
@@ -126,9 +123,8 @@ fn view(c: &mut Criterion) {
                     let view = Dialect::OpenAiChat.read_view(black_box(body)).unwrap();
                     let ctx = Context {
                         tenant: &tenant,
-                        route: &route,
+                        policy: route.policy(&route.read_tool),
                         memo: &memo,
-                        media: &media,
                         state: &SessionState::default(),
                     };
                     black_box(project(&view, &ctx));
@@ -322,10 +318,10 @@ fn images(c: &mut Criterion) {
             ))
         })
     });
-    let memo = sluice::projection::attach::Memo::default();
-    memo.tool_result(&content, &tenant);
+    let memo = Memo::default();
+    memo.tool_images(&content, &tenant);
     group.bench_function("extract_and_check_remembered/2mb_screenshot", |b| {
-        b.iter(|| black_box(memo.tool_result(black_box(&content), &tenant)))
+        b.iter(|| black_box(memo.tool_images(black_box(&content), &tenant)))
     });
     let photo = {
         let mut out = std::io::Cursor::new(Vec::new());

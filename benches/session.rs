@@ -19,9 +19,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use serde_json::json;
 use sluice::config::RouteConfig;
 use sluice::dialect::Dialect;
+use sluice::memo::Memo;
 use sluice::projection::attach::state::{apply, SessionState};
-use sluice::projection::attach::Memo as MediaMemo;
-use sluice::projection::exit::Memo;
 use sluice::projection::{project, splice, Context};
 use sluice::tenant::Tenant;
 
@@ -63,7 +62,6 @@ struct Session {
     tenant: Tenant,
     route: RouteConfig,
     memo: Memo,
-    media: MediaMemo,
     state: SessionState,
     turns: u32,
 }
@@ -77,7 +75,6 @@ impl Session {
             tenant: Tenant::from_credential(b"bench"),
             route,
             memo: Memo::default(),
-            media: MediaMemo::default(),
             state: SessionState::default(),
             turns: 0,
         }
@@ -90,9 +87,8 @@ impl Session {
         let view = Dialect::AnthropicMessages.read_view(body).unwrap();
         let ctx = Context {
             tenant: &self.tenant,
-            route: &self.route,
+            policy: self.route.policy(&self.route.read_tool),
             memo: &self.memo,
-            media: &self.media,
             state: &state,
         };
         let p = project(&view, &ctx);
@@ -110,15 +106,14 @@ impl Session {
         let view = Dialect::AnthropicMessages.read_view(body).unwrap();
         let ctx = Context {
             tenant: &self.tenant,
-            route: &self.route,
+            policy: self.route.policy(&self.route.read_tool),
             memo: &self.memo,
-            media: &self.media,
             state: &self.state,
         };
         let p = project(&view, &ctx);
         drop(view);
         for (k, v) in p.memos {
-            self.memo.insert(k, v);
+            self.memo.insert_page(k, v);
         }
         if commit {
             apply(&mut self.state, &p.delta, u64::from(self.turns));

@@ -13,6 +13,10 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 use crate::dialect::Dialect;
+use crate::projection::policy::Policy;
+pub use crate::projection::policy::{
+    ImageLimits as ImagesConfig, Lifetime, Modality, PageLimits as ExitConfig,
+};
 
 /// Where the proxy listens by default: loopback, so a sidecar is not reachable from outside the pod
 /// unless the operator says so.
@@ -127,21 +131,6 @@ pub struct SessionConfig {
     pub header: String,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Modality {
-    Text,
-    Image,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Lifetime {
-    Once,
-    Recent,
-    Retain,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteConfig {
@@ -161,26 +150,6 @@ pub struct RouteConfig {
     pub exit: ExitConfig,
     pub images: ImagesConfig,
     pub tool_lifetimes: BTreeMap<String, Lifetime>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ExitConfig {
-    pub max_lines: usize,
-    pub max_units: usize,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ImagesConfig {
-    pub max_images: usize,
-    pub max_total_bytes: u64,
-    pub max_image_bytes: u64,
-    pub max_dimension: u32,
-    pub recent_count: usize,
-    pub prune_batch: usize,
-    pub default_lifetime: Lifetime,
-    pub downscale: bool,
 }
 
 impl Default for Config {
@@ -476,6 +445,17 @@ impl Config {
 }
 
 impl RouteConfig {
+    /// What the projection needs of this route; `read_tool` is the tool's name in the request.
+    pub fn policy<'a>(&'a self, read_tool: &'a str) -> Policy<'a> {
+        Policy {
+            pages: &self.exit,
+            images: &self.images,
+            accepts_images: self.input_modalities.contains(&Modality::Image),
+            read_tool,
+            tool_lifetimes: &self.tool_lifetimes,
+        }
+    }
+
     fn validate(&self, at: &str) -> Result<(), ConfigError> {
         if self.name.is_empty() {
             return Err(ConfigError::at(format!("{at}.name"), "is required"));

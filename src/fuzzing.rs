@@ -59,14 +59,12 @@ pub fn request(data: &[u8]) {
     route.exit.max_lines = 20;
     route.exit.max_units = 400;
     route.images.max_images = 2;
-    let memo = crate::projection::exit::Memo::new(Duration::from_secs(60));
-    let media = crate::projection::attach::Memo::new(Duration::from_secs(60));
+    let memo = crate::memo::Memo::new(Duration::from_secs(60));
     let state = SessionState::default();
     let ctx = projection::Context {
         tenant: &tenant,
-        route: &route,
+        policy: route.policy(&route.read_tool),
         memo: &memo,
-        media: &media,
         state: &state,
     };
     let projection = projection::project(&view, &ctx);

@@ -29,6 +29,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod image;
 pub mod json;
+pub mod memo;
 pub mod metrics;
 pub mod projection;
 pub mod read;

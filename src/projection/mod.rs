@@ -13,18 +13,21 @@ use serde_json::value::RawValue;
 
 use std::sync::Arc;
 
-use crate::config::{Lifetime, Modality, RouteConfig};
 use crate::dialect::Dialect;
 use crate::projection::artifact::ArtifactId;
 use crate::projection::attach::extract::Extracted;
 use crate::projection::attach::state::{self, Candidate, Decision, Delta, SessionState};
 use crate::tenant::Tenant;
 use attach::{Embedded, Item, Limits, Media, Outcome};
-use exit::text::Budget;
 
 pub mod artifact;
 pub mod attach;
 pub mod exit;
+pub mod memos;
+pub mod policy;
+
+use memos::Memos;
+use policy::{Lifetime, Policy};
 
 /// A half-open byte range `[start, end)` in the request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -198,23 +201,18 @@ fn identity(source: &str, item: &Item) -> String {
 
 /// An image's lifetime (M5): the hint on the item, else the first `tool_lifetimes` glob that
 /// matches the tool's name, else the route's default.
-fn lifetime_of(
-    item: &Item,
-    tool: Option<&str>,
-    route: &RouteConfig,
-    media: &attach::Memo,
-) -> Lifetime {
+fn lifetime_of(item: &Item, tool: Option<&str>, policy: &Policy<'_>, memo: &dyn Memos) -> Lifetime {
     if let Some(hint) = item.lifetime {
         return hint;
     }
     if let Some(tool) = tool {
-        for (glob, lifetime) in &route.tool_lifetimes {
-            if media.glob_matches(glob, tool) {
+        for (glob, lifetime) in policy.tool_lifetimes {
+            if memo.glob_matches(glob, tool) {
                 return *lifetime;
             }
         }
     }
-    route.images.default_lifetime
+    policy.images.default_lifetime
 }
 
 /// One image's fate in a request.
@@ -232,9 +230,8 @@ pub struct ImageEvent {
 /// of earlier projections.
 pub struct Context<'a> {
     pub tenant: &'a Tenant,
-    pub route: &'a RouteConfig,
-    pub memo: &'a exit::Memo,
-    pub media: &'a attach::Memo,
+    pub policy: Policy<'a>,
+    pub memo: &'a dyn Memos,
     /// The session's delivery state before this request (A3, A4).
     pub state: &'a SessionState,
 }
@@ -257,11 +254,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    pub fn new(view: &RequestView<'_>, tenant: &Tenant, media: &attach::Memo) -> Prepared {
+    pub fn new(view: &RequestView<'_>, tenant: &Tenant, memo: &dyn Memos) -> Prepared {
         let extracted = view
             .tool_results
             .iter()
-            .map(|r| media.tool_result(r.content, tenant))
+            .map(|r| memo.tool_images(r.content, tenant))
             .collect();
         let mut per_message = std::collections::HashMap::new();
         let users = view
@@ -270,7 +267,7 @@ impl Prepared {
             .map(|u| {
                 let k = per_message.entry(u.item).or_insert(0usize);
                 *k += 1;
-                media.user_part(u.part, *k, tenant)
+                memo.user_image(u.part, *k, tenant)
             })
             .collect();
         Prepared { extracted, users }
@@ -286,7 +283,7 @@ impl Prepared {
 /// remains (T2, section 3). When nothing needs changing the edits are empty and the body is
 /// forwarded as sent (P1).
 pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
-    project_prepared(view, ctx, Prepared::new(view, ctx.tenant, ctx.media))
+    project_prepared(view, ctx, Prepared::new(view, ctx.tenant, ctx.memo))
 }
 
 /// [`project`] with the images already found.
@@ -297,11 +294,8 @@ pub fn project_prepared(
 ) -> Projection {
     let policy = exit::Policy {
         tenant: ctx.tenant,
-        budget: Budget {
-            lines: ctx.route.exit.max_lines,
-            units: ctx.route.exit.max_units,
-        },
-        read_tool: &ctx.route.read_tool,
+        budget: ctx.policy.budget(),
+        read_tool: ctx.policy.read_tool,
     };
     let mut out = Projection::default();
     // Extract the images of tool results (remembered per content) and user messages.
@@ -334,7 +328,7 @@ pub fn project_prepared(
         }
     };
     let items: Vec<&Item> = places.iter().filter_map(|&(_, _, p)| item_at(p)).collect();
-    let accepts = ctx.route.input_modalities.contains(&Modality::Image);
+    let accepts = ctx.policy.accepts_images;
     // The delivery state decides first which images may be shown at all (A3, A4, A10).
     let candidates: Vec<Candidate> = places
         .iter()
@@ -343,14 +337,14 @@ pub fn project_prepared(
             let (source, tool) = source_of(view, place);
             Some(Candidate {
                 key: identity(&source, item),
-                lifetime: lifetime_of(item, tool, ctx.route, ctx.media),
+                lifetime: lifetime_of(item, tool, &ctx.policy, ctx.memo),
                 showable: accepts && !matches!(item.media, Media::Refused(_)),
             })
         })
         .collect();
     let recent = state::Recent {
-        count: ctx.route.images.recent_count,
-        batch: ctx.route.images.prune_batch,
+        count: ctx.policy.images.recent_count,
+        batch: ctx.policy.images.prune_batch,
     };
     let decisions = state::plan(ctx.state, &candidates, recent);
     let eligible: Vec<&Item> = items
@@ -360,12 +354,12 @@ pub fn project_prepared(
         .map(|(item, _)| *item)
         .collect();
     let limits = Limits::new(
-        &ctx.route.images,
+        ctx.policy.images,
         accepts,
         view.dialect == Dialect::AnthropicMessages,
     );
     let shrink =
-        |image: &crate::image::Checked, edge: u32, bytes: u64| ctx.media.shrink(image, edge, bytes);
+        |image: &crate::image::Checked, edge: u32, bytes: u64| ctx.memo.shrink(image, edge, bytes);
     let mut selected = attach::select(&eligible, &limits, &shrink).into_iter();
     let decided: Vec<Outcome> = decisions
         .iter()
@@ -395,7 +389,7 @@ pub fn project_prepared(
                 source,
                 k: item.k,
                 id: item.id,
-                lifetime: lifetime_of(item, tool, ctx.route, ctx.media),
+                lifetime: lifetime_of(item, tool, &ctx.policy, ctx.memo),
                 outcome: ev.outcome,
             });
         }
@@ -741,6 +735,8 @@ pub fn splice(body: &Bytes, mut edits: Vec<Edit>) -> Result<Bytes, SpliceError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RouteConfig;
+    use crate::memo::Memo;
     use proptest::prelude::*;
 
     fn edit(start: usize, end: usize, with: &str) -> Edit {
@@ -847,14 +843,13 @@ mod tests {
         let view = Dialect::OpenAiChat.read_view(body.as_bytes()).unwrap();
         let tenant = Tenant::from_credential(b"k");
         let route = RouteConfig::default();
-        let (memo, media) = (exit::Memo::default(), attach::Memo::default());
+        let memo = Memo::default();
         let p = project(
             &view,
             &Context {
                 tenant: &tenant,
-                route: &route,
+                policy: route.policy(&route.read_tool),
                 memo: &memo,
-                media: &media,
                 state: &SessionState::default(),
             },
         );
@@ -920,7 +915,7 @@ mod tests {
                 route.images.max_images = 1;
             }
             let tenant = Tenant::from_credential(b"k");
-            let (memo, media) = (exit::Memo::default(), attach::Memo::default());
+            let memo = Memo::default();
             let bodies = [
                 (Dialect::OpenAiChat, json!({"model": "m", "messages": [
                     {"role": "user", "content": user.clone()},
@@ -939,7 +934,7 @@ mod tests {
             for (dialect, body) in bodies {
                 let body = Bytes::from(body.to_string());
                 let view = dialect.read_view(&body).unwrap();
-                let p = project(&view, &Context { tenant: &tenant, route: &route, memo: &memo, media: &media, state: &SessionState::default() });
+                let p = project(&view, &Context { tenant: &tenant, policy: route.policy(&route.read_tool), memo: &memo, state: &SessionState::default() });
                 let unchanged = p.edits.is_empty();
                 let out = splice(&body, p.edits).unwrap();
                 prop_assert!(serde_json::from_slice::<serde_json::Value>(&out).is_ok(), "{dialect:?}: {}", String::from_utf8_lossy(&out));

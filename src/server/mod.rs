@@ -26,8 +26,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::config::StoreBackend;
+use crate::memo::Memo;
 use crate::metrics::Metrics;
-use crate::projection::exit::Memo;
 use crate::route::RouteTable;
 use crate::store::file::FileStore;
 use crate::store::redis::RedisStore;
@@ -105,7 +105,6 @@ struct Shared {
     next_id: AtomicU64,
     artifacts: Artifacts<Backend>,
     memo: Memo,
-    media: crate::projection::attach::Memo,
     sessions: Arc<Sessions>,
     session_header: http::HeaderName,
     /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
@@ -201,7 +200,6 @@ impl Server {
                 next_id: AtomicU64::new(0),
                 artifacts,
                 memo: Memo::new(ttl),
-                media: crate::projection::attach::Memo::new(ttl),
                 sessions: Arc::new(sessions),
                 session_header,
                 seen: moka::sync::Cache::builder()

@@ -95,7 +95,7 @@ impl App {
             .unwrap_or_else(Tenant::anonymous);
         // A store that cannot be read must not fail the request: it goes on without delivery
         // state, and commits nothing. A request without images needs no session at all.
-        let prepared = projection::Prepared::new(&view, &tenant, &self.media);
+        let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
         let mut session = None;
         let mut state = SessionState::default();
         if prepared.has_images() {
@@ -104,25 +104,19 @@ impl App {
                 .await;
         }
         // A client tool of the read tool's name: sluice's tool takes a suffix, and the notices
-        // name that (the route is copied only then).
-        let renamed = view
+        // name that.
+        let read_tool = view
             .tools
             .filter(|raw| raw.get().contains(route.config.read_tool.as_str()))
             .and_then(|_| read::Shape::of_view(&view))
             .map(|shape| read::tool_name(&route.config.read_tool, &shape.tool_names(dialect)))
-            .filter(|name| *name != route.config.read_tool)
-            .map(|read_tool| crate::config::RouteConfig {
-                read_tool,
-                ..route.config.clone()
-            });
-        let route_config = renamed.as_ref().unwrap_or(&route.config);
+            .unwrap_or_else(|| route.config.read_tool.clone());
         let mut projection = projection::project_prepared(
             &view,
             &projection::Context {
                 tenant: &tenant,
-                route: route_config,
+                policy: route.config.policy(&read_tool),
                 memo: &self.memo,
-                media: &self.media,
                 state: &state,
             },
             prepared,
@@ -167,7 +161,7 @@ impl App {
         let mut tool = None;
         if offer {
             if let Some(shape) = read::Shape::of_view(&view) {
-                let name = route_config.read_tool.clone();
+                let name = read_tool.clone();
                 projection
                     .edits
                     .push(shape.add_tool(&read::definition(dialect, &name)));
@@ -232,7 +226,7 @@ impl App {
             }
         }
         for (key, value) in projection.memos {
-            self.memo.insert(key, value);
+            self.memo.insert_page(key, value);
         }
         let forwarded = splice(&body, projection.edits).map_err(|e| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");

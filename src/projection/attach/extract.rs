@@ -10,9 +10,9 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{Extras, Item, Media};
-use crate::config::Lifetime;
 use crate::image::{check, decode_base64, Refusal};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
+use crate::projection::policy::Lifetime;
 use crate::tenant::Tenant;
 
 /// Decoded bytes one image may have before it is refused unread (base64 text of 64 MiB).

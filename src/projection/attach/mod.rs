@@ -10,9 +10,9 @@ use std::sync::Arc;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
-use crate::config::{ImagesConfig, Lifetime};
 use crate::image::{downscale, Checked, Refusal};
 use crate::projection::artifact::ArtifactId;
+use crate::projection::policy::{ImageLimits, Lifetime};
 
 /// Anthropic refuses images over 2000 px on the long edge once a request holds more than 20.
 pub const ANTHROPIC_MANY_IMAGES: usize = 20;
@@ -136,7 +136,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(config: &ImagesConfig, accepts_images: bool, anthropic: bool) -> Limits {
+    pub fn new(config: &ImageLimits, accepts_images: bool, anthropic: bool) -> Limits {
         Limits {
             accepts_images,
             max_images: config.max_images,
@@ -281,146 +281,6 @@ pub fn note(item: &Item, outcome: &Outcome) -> Option<String> {
 /// The default downscaler.
 pub fn shrink(image: &Checked, max_dimension: u32, max_bytes: u64) -> Result<Checked, Refusal> {
     downscale(image, max_dimension, max_bytes)
-}
-
-/// Bytes of extracted images (decoded and base64) kept in memory, so a screenshot resent every
-/// turn is decoded and checked once.
-const EXTRACT_MEMO_BYTES: u64 = 64 * 1024 * 1024;
-/// Bytes of downscaled images kept, by content and policy (A6: same input, same output).
-const SHRINK_MEMO_BYTES: u64 = 32 * 1024 * 1024;
-
-/// Caches of the media stage, shared by all workers.
-pub struct Memo {
-    extracted: moka::sync::Cache<u128, Option<Arc<extract::Extracted>>>,
-    users: moka::sync::Cache<u128, Option<Arc<Item>>>,
-    shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
-    /// Compiled `tool_lifetimes` globs (compiling one costs far more than matching it).
-    globs: moka::sync::Cache<String, Option<globset::GlobMatcher>>,
-    seed: u64,
-}
-
-impl Default for Memo {
-    fn default() -> Self {
-        Self::new(std::time::Duration::from_secs(
-            crate::config::DEFAULT_IDLE_TTL_SECONDS,
-        ))
-    }
-}
-
-impl Memo {
-    /// Caches whose extractions live at most half the store's idle TTL, so an image's artifact
-    /// is stored again (refreshing its expiry) before it can expire (S2).
-    pub fn new(ttl: std::time::Duration) -> Self {
-        Self {
-            extracted: moka::sync::Cache::builder()
-                .max_capacity(EXTRACT_MEMO_BYTES)
-                .time_to_live(ttl / 2)
-                .weigher(|_, v: &Option<Arc<extract::Extracted>>| {
-                    let bytes = v.as_ref().map_or(0, |e| {
-                        e.text.len()
-                            + e.items
-                                .iter()
-                                .map(|i| {
-                                    i.base64.as_ref().map_or(0, |b| b.len())
-                                        + match &i.media {
-                                            Media::Image(c) => c.bytes.len(),
-                                            _ => 0,
-                                        }
-                                })
-                                .sum::<usize>()
-                    });
-                    u32::try_from(bytes + 64).unwrap_or(u32::MAX)
-                })
-                .build(),
-            users: moka::sync::Cache::builder()
-                .max_capacity(EXTRACT_MEMO_BYTES / 2)
-                .time_to_live(ttl / 2)
-                .weigher(|_, v: &Option<Arc<Item>>| {
-                    let bytes = v.as_ref().map_or(0, |i| {
-                        i.base64.as_ref().map_or(0, |b| b.len())
-                            + match &i.media {
-                                Media::Image(c) => c.bytes.len(),
-                                _ => 0,
-                            }
-                    });
-                    u32::try_from(bytes + 64).unwrap_or(u32::MAX)
-                })
-                .build(),
-            shrunk: moka::sync::Cache::builder()
-                .max_capacity(SHRINK_MEMO_BYTES)
-                .weigher(|_, v: &Result<Checked, Refusal>| {
-                    u32::try_from(v.as_ref().map_or(0, |c| c.bytes.len()) + 64).unwrap_or(u32::MAX)
-                })
-                .build(),
-            globs: moka::sync::Cache::new(1024),
-            seed: uuid::Uuid::new_v4().as_u64_pair().1,
-        }
-    }
-
-    /// The images of a tool result (`None`: it holds none), extracted once per content and
-    /// tenant.
-    pub fn tool_result(
-        &self,
-        content: &serde_json::value::RawValue,
-        tenant: &crate::tenant::Tenant,
-    ) -> Option<Arc<extract::Extracted>> {
-        // A hash and a lookup first: agents resend their history every turn, and a result seen
-        // before, with or without images, costs no search (xxh3 is much faster than the byte
-        // search for image markers on text full of near-matches).
-        let raw = content.get();
-        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
-        h.update(tenant.key());
-        h.update(raw.as_bytes());
-        let key = h.digest128();
-        self.extracted.get_with(key, || {
-            extract::may_hold_images(raw)
-                .then(|| extract::tool_result(content, tenant).map(Arc::new))
-                .flatten()
-        })
-    }
-
-    /// A user message's image part, checked once per content and tenant.
-    pub fn user_part(
-        &self,
-        part: &serde_json::value::RawValue,
-        k: usize,
-        tenant: &crate::tenant::Tenant,
-    ) -> Option<Arc<Item>> {
-        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
-        h.update(tenant.key());
-        h.update(&(k as u64).to_le_bytes());
-        h.update(part.get().as_bytes());
-        let key = h.digest128();
-        self.users
-            .get_with(key, || extract::user_part(part, k, tenant).map(Arc::new))
-    }
-
-    /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
-    pub fn glob_matches(&self, pattern: &str, name: &str) -> bool {
-        self.globs
-            .get_with_by_ref(pattern, || {
-                globset::Glob::new(pattern)
-                    .ok()
-                    .map(|g| g.compile_matcher())
-            })
-            .is_some_and(|m| m.is_match(name))
-    }
-
-    /// [`shrink`], remembered by image content and policy.
-    pub fn shrink(
-        &self,
-        image: &Checked,
-        max_dimension: u32,
-        max_bytes: u64,
-    ) -> Result<Checked, Refusal> {
-        let key = (
-            xxhash_rust::xxh3::xxh3_128_with_seed(&image.bytes, self.seed),
-            max_dimension,
-            max_bytes,
-        );
-        self.shrunk
-            .get_with(key, || shrink(image, max_dimension, max_bytes))
-    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Lifetime;
+use crate::projection::policy::Lifetime;
 
 /// Where an attachment is in its life. Ordered: a status never goes back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -18,55 +18,15 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
+use super::memos::Memos;
 use crate::dialect::Dialect;
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::{Edit, RequestView, ToolResult};
 use crate::tenant::Tenant;
 use text::{fits, utf16_len, Budget, Lines, Position};
 
-/// Projected tool results kept in memory, by a hash of everything the projection depends on.
-/// Bounded by the bytes of the replacements.
-const MEMO_BYTES: u64 = 16 * 1024 * 1024;
-
 /// What a tool result becomes: `None` when it fits as it is, else the replacement JSON value.
 pub type Memoized = Option<Bytes>;
-
-/// The memo of projected tool results, shared by all workers.
-pub struct Memo {
-    cache: moka::sync::Cache<u128, Memoized>,
-    seed: u64,
-}
-
-impl Default for Memo {
-    fn default() -> Self {
-        Self::new(std::time::Duration::from_secs(
-            crate::config::DEFAULT_IDLE_TTL_SECONDS,
-        ))
-    }
-}
-
-impl Memo {
-    /// A memo whose entries live at most half the store's idle TTL: a remembered page is
-    /// recomputed, and its artifact stored again (refreshing its expiry), before the artifact
-    /// it names can expire (S2).
-    pub fn new(ttl: std::time::Duration) -> Self {
-        Self {
-            cache: moka::sync::Cache::builder()
-                .max_capacity(MEMO_BYTES)
-                .time_to_live(ttl / 2)
-                .weigher(|_, v: &Memoized| {
-                    u32::try_from(v.as_ref().map_or(0, Bytes::len) + 32).unwrap_or(u32::MAX)
-                })
-                .build(),
-            // Per process: the memo never leaves it, and a random seed keeps its keys unguessable.
-            seed: uuid::Uuid::new_v4().as_u64_pair().0,
-        }
-    }
-
-    pub fn insert(&self, key: u128, value: Memoized) {
-        self.cache.insert(key, value);
-    }
-}
 
 /// What the text exit needs to know about a request besides its view.
 pub struct Policy<'a> {
@@ -99,7 +59,7 @@ pub struct TextExit {
 pub fn project(
     view: &RequestView<'_>,
     policy: &Policy<'_>,
-    memo: &Memo,
+    memo: &dyn Memos,
     skip: &dyn Fn(usize) -> bool,
 ) -> TextExit {
     let mut out = TextExit::default();
@@ -111,8 +71,8 @@ pub fn project(
         if obviously_fits(raw, policy.budget) {
             continue;
         }
-        let key = memo_key(memo.seed, view.dialect, policy, raw);
-        let replacement = match memo.cache.get(&key) {
+        let key = memo_key(memo.seed(), view.dialect, policy, raw);
+        let replacement = match memo.page(key) {
             Some(known) => known,
             None => {
                 let (value, spill) = project_result(view.dialect, result, policy);
@@ -279,6 +239,7 @@ fn replace_parts(dialect: Dialect, parts: &[&RawValue], page_json: &str) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memo::Memo;
     use crate::projection::splice;
 
     fn policy(tenant: &Tenant) -> Policy<'_> {
@@ -329,7 +290,7 @@ mod tests {
         );
         assert_eq!(&first.spills[0].bytes[..], text.as_bytes());
         for (k, v) in &first.memos {
-            memo.insert(*k, v.clone());
+            memo.insert_page(*k, v.clone());
         }
         let again = project(&view, &policy(&t), &memo, &|_| false);
         assert_eq!(again.spilled, 1);

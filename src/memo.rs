@@ -1,0 +1,155 @@
+//! The memos of projection, shared by all workers: bounded moka caches behind the core's
+//! [`Memos`] trait, so an agent resending its history every turn pays for each tool result and
+//! image once. Entries live at most half the store's idle TTL: a remembered page or image is
+//! recomputed, and its artifact stored again (refreshing its expiry), before the artifact it
+//! names can expire (S2).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use crate::image::{Checked, Refusal};
+use crate::projection::attach::extract::{self, Extracted};
+use crate::projection::attach::{self, Item, Media};
+use crate::projection::exit::Memoized;
+use crate::projection::memos::{Fresh, Memos};
+use crate::tenant::Tenant;
+
+/// Projected tool results, bounded by the bytes of their replacements.
+const PAGE_MEMO_BYTES: u64 = 16 * 1024 * 1024;
+/// Extracted images (decoded and base64), so a screenshot resent every turn is decoded and
+/// checked once.
+const EXTRACT_MEMO_BYTES: u64 = 64 * 1024 * 1024;
+/// Downscaled images, by content and policy (A6: same input, same output).
+const SHRINK_MEMO_BYTES: u64 = 32 * 1024 * 1024;
+
+pub struct Memo {
+    pages: moka::sync::Cache<u128, Memoized>,
+    extracted: moka::sync::Cache<u128, Option<Arc<Extracted>>>,
+    users: moka::sync::Cache<u128, Option<Arc<Item>>>,
+    shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
+    /// Compiled `tool_lifetimes` globs (compiling one costs far more than matching it).
+    globs: moka::sync::Cache<String, Option<globset::GlobMatcher>>,
+    /// Per process: the memo never leaves it, and a random seed keeps its keys unguessable.
+    seed: u64,
+}
+
+/// Bytes an item holds (base64 and decoded), for the weighers.
+fn item_bytes(item: &Item) -> usize {
+    item.base64.as_ref().map_or(0, |b| b.len())
+        + match &item.media {
+            Media::Image(c) => c.bytes.len(),
+            _ => 0,
+        }
+}
+
+fn weight(bytes: usize) -> u32 {
+    u32::try_from(bytes + 64).unwrap_or(u32::MAX)
+}
+
+impl Memo {
+    /// Memos for a store whose artifacts expire after `ttl` idle.
+    pub fn new(ttl: Duration) -> Memo {
+        Memo {
+            pages: moka::sync::Cache::builder()
+                .max_capacity(PAGE_MEMO_BYTES)
+                .time_to_live(ttl / 2)
+                .weigher(|_, v: &Memoized| weight(v.as_ref().map_or(0, Bytes::len)))
+                .build(),
+            extracted: moka::sync::Cache::builder()
+                .max_capacity(EXTRACT_MEMO_BYTES)
+                .time_to_live(ttl / 2)
+                .weigher(|_, v: &Option<Arc<Extracted>>| {
+                    weight(v.as_ref().map_or(0, |e| {
+                        e.text.len() + e.items.iter().map(item_bytes).sum::<usize>()
+                    }))
+                })
+                .build(),
+            users: moka::sync::Cache::builder()
+                .max_capacity(EXTRACT_MEMO_BYTES / 2)
+                .time_to_live(ttl / 2)
+                .weigher(|_, v: &Option<Arc<Item>>| weight(v.as_deref().map_or(0, item_bytes)))
+                .build(),
+            shrunk: moka::sync::Cache::builder()
+                .max_capacity(SHRINK_MEMO_BYTES)
+                .weigher(|_, v: &Result<Checked, Refusal>| {
+                    weight(v.as_ref().map_or(0, |c| c.bytes.len()))
+                })
+                .build(),
+            globs: moka::sync::Cache::new(1024),
+            seed: uuid::Uuid::new_v4().as_u64_pair().0,
+        }
+    }
+
+    /// Remembers a tool result's text-exit outcome, once its artifact is stored.
+    pub fn insert_page(&self, key: u128, value: Memoized) {
+        self.pages.insert(key, value);
+    }
+
+    fn key(&self, tenant: &Tenant, parts: &[&[u8]]) -> u128 {
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
+        h.update(tenant.key());
+        for part in parts {
+            h.update(part);
+        }
+        h.digest128()
+    }
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo::new(Duration::from_secs(crate::config::DEFAULT_IDLE_TTL_SECONDS))
+    }
+}
+
+impl Memos for Memo {
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn page(&self, key: u128) -> Option<Memoized> {
+        self.pages.get(&key)
+    }
+
+    fn tool_images(&self, content: &RawValue, tenant: &Tenant) -> Option<Arc<Extracted>> {
+        // A hash and a lookup first: agents resend their history every turn, and a result seen
+        // before, with or without images, costs no search (xxh3 is much faster than the byte
+        // search for image markers on text full of near-matches).
+        let key = self.key(tenant, &[content.get().as_bytes()]);
+        self.extracted
+            .get_with(key, || Fresh.tool_images(content, tenant))
+    }
+
+    fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
+        let key = self.key(tenant, &[&(k as u64).to_le_bytes(), part.get().as_bytes()]);
+        self.users
+            .get_with(key, || extract::user_part(part, k, tenant).map(Arc::new))
+    }
+
+    fn glob_matches(&self, pattern: &str, name: &str) -> bool {
+        self.globs
+            .get_with_by_ref(pattern, || {
+                globset::Glob::new(pattern)
+                    .ok()
+                    .map(|g| g.compile_matcher())
+            })
+            .is_some_and(|m| m.is_match(name))
+    }
+
+    fn shrink(
+        &self,
+        image: &Checked,
+        max_dimension: u32,
+        max_bytes: u64,
+    ) -> Result<Checked, Refusal> {
+        let key = (
+            xxhash_rust::xxh3::xxh3_128_with_seed(&image.bytes, self.seed),
+            max_dimension,
+            max_bytes,
+        );
+        self.shrunk
+            .get_with(key, || attach::shrink(image, max_dimension, max_bytes))
+    }
+}

@@ -1,0 +1,69 @@
+//! Policy values: what a route asks of the projection (lifetimes, modalities, page and image
+//! limits), as plain values. `crate::config` loads them and supplies their defaults; the core
+//! only reads them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::exit::text::Budget;
+
+/// What a model accepts as input (SPEC M1): a route without `image` is shown placeholders.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Modality {
+    Text,
+    Image,
+}
+
+/// How long an attachment is shown (SPEC A3, M5).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifetime {
+    Once,
+    Recent,
+    Retain,
+}
+
+/// The text exit's budgets (SPEC T1, `[routes.exit]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PageLimits {
+    pub max_lines: usize,
+    pub max_units: usize,
+}
+
+/// Image budgets and delivery parameters (SPEC A4-A6, `[routes.images]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageLimits {
+    pub max_images: usize,
+    pub max_total_bytes: u64,
+    pub max_image_bytes: u64,
+    pub max_dimension: u32,
+    pub recent_count: usize,
+    pub prune_batch: usize,
+    pub default_lifetime: Lifetime,
+    pub downscale: bool,
+}
+
+/// Everything the projection needs to know of a request's route.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy<'a> {
+    pub pages: &'a PageLimits,
+    pub images: &'a ImageLimits,
+    pub accepts_images: bool,
+    /// The read tool's name in this request (C1; suffixed when a client tool has the name).
+    pub read_tool: &'a str,
+    /// `tool_lifetimes`: tool-name glob → lifetime (M5).
+    pub tool_lifetimes: &'a BTreeMap<String, Lifetime>,
+}
+
+impl Policy<'_> {
+    pub fn budget(&self) -> Budget {
+        Budget {
+            lines: self.pages.max_lines,
+            units: self.pages.max_units,
+        }
+    }
+}
