@@ -106,7 +106,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         conversation: request.metadata.and_then(|m| m.user_id),
         root,
         body: body.as_bytes(),
-        dialect: Dialect::AnthropicMessages,
+        shapes: &Dialect::AnthropicMessages,
         model: request.model,
         stream: is_true(request.stream),
         items: request.messages.len(),

@@ -6,6 +6,7 @@ mod anthropic;
 pub mod completion;
 pub mod openai_chat;
 mod openai_responses;
+mod render;
 
 use std::borrow::Cow;
 
@@ -58,6 +59,15 @@ impl Dialect {
         }
     }
 
+    /// The dialect's shapes, as the core writes them.
+    pub fn shapes(self) -> &'static dyn crate::projection::shapes::Shapes {
+        match self {
+            Dialect::OpenAiChat => &Dialect::OpenAiChat,
+            Dialect::OpenAiResponses => &Dialect::OpenAiResponses,
+            Dialect::AnthropicMessages => &Dialect::AnthropicMessages,
+        }
+    }
+
     pub fn family(self) -> Family {
         match self {
             Dialect::OpenAiChat | Dialect::OpenAiResponses => Family::OpenAi,
@@ -90,7 +100,7 @@ impl Dialect {
                 // The shape was unexpected before the end was reached: the rest must still be
                 // JSON (and within the nesting limit) to be forwarded.
                 serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
-                Ok(RequestView::empty(self, body))
+                Ok(RequestView::empty(self.shapes(), body))
             }
             Err(e) => Err(e),
         }

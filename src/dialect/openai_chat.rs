@@ -116,7 +116,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         conversation: None,
         root,
         body: body.as_bytes(),
-        dialect: Dialect::OpenAiChat,
+        shapes: &Dialect::OpenAiChat,
         model: request.model,
         stream: is_true(request.stream),
         items: request.messages.len(),

@@ -109,7 +109,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         conversation: request.prompt_cache_key,
         root,
         body: body.as_bytes(),
-        dialect: Dialect::OpenAiResponses,
+        shapes: &Dialect::OpenAiResponses,
         model: request.model,
         stream: is_true(request.stream),
         items: items.len(),

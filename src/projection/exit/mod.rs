@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::memos::Memos;
-use crate::dialect::Dialect;
+use super::shapes::Shapes;
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::{Edit, RequestView, ToolResult};
 use crate::tenant::Tenant;
@@ -71,11 +71,11 @@ pub fn project(
         if obviously_fits(raw, policy.budget) {
             continue;
         }
-        let key = memo_key(memo.seed(), view.dialect, policy, raw);
+        let key = memo_key(memo.seed(), view.shapes, policy, raw);
         let replacement = match memo.page(key) {
             Some(known) => known,
             None => {
-                let (value, spill) = project_result(view.dialect, result, policy);
+                let (value, spill) = project_result(view.shapes, result, policy);
                 if let Some(spill) = spill {
                     out.spills.push(spill);
                 }
@@ -103,13 +103,13 @@ fn obviously_fits(raw: &str, budget: Budget) -> bool {
         && memchr::memchr_iter(b'\\', raw.as_bytes()).count() < budget.lines
 }
 
-fn memo_key(seed: u64, dialect: Dialect, policy: &Policy<'_>, raw: &str) -> u128 {
+fn memo_key(seed: u64, shapes: &dyn Shapes, policy: &Policy<'_>, raw: &str) -> u128 {
     let mut h = Xxh3::with_seed(seed);
     h.update(policy.tenant.key());
     h.update(&(policy.budget.lines as u64).to_le_bytes());
     h.update(&(policy.budget.units as u64).to_le_bytes());
     h.update(policy.read_tool.as_bytes());
-    h.update(&[0, dialect as u8]);
+    h.update(&[0, shapes.tag()]);
     h.update(raw.as_bytes());
     h.digest128()
 }
@@ -154,7 +154,7 @@ fn read_content<'a>(content: &'a RawValue) -> Option<(Cow<'a, str>, Option<Vec<&
 
 /// Projects one tool result: `(None, None)` when it fits; else its replacement and its spill.
 fn project_result(
-    dialect: Dialect,
+    shapes: &dyn Shapes,
     result: &ToolResult<'_>,
     policy: &Policy<'_>,
 ) -> (Memoized, Option<Spill>) {
@@ -175,7 +175,7 @@ fn project_result(
     let page_json = serde_json::Value::String(page).to_string();
     let replacement = match parts {
         None => page_json,
-        Some(parts) => replace_parts(dialect, &parts, &page_json),
+        Some(parts) => replace_parts(shapes.text_type(), &parts, &page_json),
     };
     (Some(Bytes::from(replacement)), Some(spill))
 }
@@ -205,11 +205,7 @@ pub fn page_text(text: &str, policy: &Policy<'_>) -> Option<(String, Spill)> {
 
 /// The new content array: one text part holding the page (in the dialect's part type, with the
 /// `cache_control` of the last text part, if any), then the non-text parts as they were.
-fn replace_parts(dialect: Dialect, parts: &[&RawValue], page_json: &str) -> String {
-    let kind = match dialect {
-        Dialect::OpenAiResponses => "input_text",
-        Dialect::OpenAiChat | Dialect::AnthropicMessages => "text",
-    };
+fn replace_parts(kind: &str, parts: &[&RawValue], page_json: &str) -> String {
     let mut cache_control = None;
     let mut others = Vec::new();
     for part in parts {
@@ -239,6 +235,7 @@ fn replace_parts(dialect: Dialect, parts: &[&RawValue], page_json: &str) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::Dialect;
     use crate::memo::Memo;
     use crate::projection::splice;
 

@@ -1,0 +1,124 @@
+//! Unit tests of configuration loading: layering, dotted key paths in errors, redaction, and
+//! the example config documenting every key.
+
+use super::*;
+
+/// Loads `toml` as the config file under the environment `env`, in a figment jail (which
+/// serialises tests that touch the process environment).
+#[allow(clippy::result_large_err)] // figment::Jail's own error type
+fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let mut out = None;
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("sluice.toml", toml)?;
+        for (k, v) in env {
+            jail.set_env(k, v);
+        }
+        out = Some(Config::load(Some(Path::new("sluice.toml"))));
+        Ok(())
+    });
+    out.unwrap_or_else(|| Err(ConfigError::at("test", "jail did not run")))
+}
+
+#[test]
+fn defaults_route_each_provider() {
+    let c = load("", &[]).unwrap();
+    assert_eq!(c.routes.len(), 2);
+    assert_eq!(c.routes[0].upstream, "https://api.openai.com");
+    assert_eq!(c.routes[1].dialects, vec![Dialect::AnthropicMessages]);
+    assert_eq!(c.routes[0].exit.max_units, 30_000);
+}
+
+#[test]
+fn misspelled_key_is_named_by_dotted_path() {
+    let err = load(
+        "[[routes]]\nname='a'\ndialects=['openai-chat']\nupstream='http://x'\n[routes.exit]\nmax_line=3\n",
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.key, "routes.0.exit.max_line", "{err}");
+    let err = load("listn = '1.2.3.4:1'\n", &[]).unwrap_err();
+    assert_eq!(err.key, "listn", "{err}");
+}
+
+#[test]
+fn env_overrides_file_with_double_underscore() {
+    let c = load(
+        "listen = '127.0.0.1:1'\n",
+        &[
+            ("SLUICE_LISTEN", "127.0.0.1:2"),
+            ("SLUICE_STORE__BACKEND", "redis"),
+            ("SLUICE_MAX_BODY_BYTES", "1024"),
+            ("SLUICE_CONFIG", "/ignored"),
+            ("SLUICE_OPENAI_KEY", "a route's key, not config"),
+            ("OTHER", "x"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.listen, "127.0.0.1:2");
+    assert_eq!(c.store.backend, StoreBackend::Redis);
+    assert_eq!(c.max_body_bytes, 1024);
+}
+
+#[test]
+fn unknown_env_key_is_an_error() {
+    let err = load("", &[("SLUICE_STORE__BAKEND", "redis")]).unwrap_err();
+    assert_eq!(err.key, "store.bakend", "{err}");
+}
+
+#[test]
+fn bad_values_name_their_key() {
+    let err = load(
+        "[[routes]]\nname='a'\ndialects=['openai-chat']\nupstream='nope'\n",
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.key, "routes.0.upstream");
+    let err = load(
+        "[[routes]]\nname='a'\ndialects=['openai-chatt']\nupstream='http://x'\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.key.starts_with("routes.0.dialects"), "{err}");
+    let err = load("[upstream]\nidle_timeout_seconds = -1\n", &[]).unwrap_err();
+    assert_eq!(err.key, "upstream.idle_timeout_seconds");
+}
+
+#[test]
+fn redaction_hides_redis_password() {
+    let mut c = Config::default();
+    c.store.redis_url = "redis://u:hunter2@h:6379/0".into();
+    let shown = c.redacted_toml();
+    assert!(!shown.contains("hunter2"));
+    assert!(shown.contains("***"));
+}
+
+/// The example config documents every key there is, and is itself valid.
+#[test]
+fn example_config_is_valid_and_names_every_key() {
+    let example = include_str!("../../config/sluice.example.toml");
+    load(example, &[]).unwrap();
+    fn keys(value: &toml::Value, out: &mut Vec<String>) {
+        match value {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    out.push(k.clone());
+                    keys(v, out);
+                }
+            }
+            toml::Value::Array(items) => items.iter().for_each(|v| keys(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    keys(&toml::Value::try_from(Config::default()).unwrap(), &mut all);
+    for key in all {
+        assert!(
+            example.contains(&format!("{key} ="))
+                || example.contains(&format!("\"{key}\" ="))
+                || example.contains(&format!("[{key}]"))
+                || example.contains(&format!("[[{key}]]"))
+                || example.contains(&format!(".{key}]")),
+            "config/sluice.example.toml does not document `{key}`"
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! The three dialects' shapes as the core writes them ([`Shapes`]): text and image parts, user
+//! image parts rewritten or replaced by notes, and OpenAI chat's user message of a turn's images.
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use super::Dialect;
+use crate::projection::attach::{Embedded, Extras};
+use crate::projection::shapes::{ImageRef, Shapes};
+use crate::projection::{Edit, Span};
+
+fn json_string(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+fn data_url(e: &Embedded) -> String {
+    format!("data:{};base64,{}", e.mime, e.base64)
+}
+
+impl Shapes for Dialect {
+    fn tag(&self) -> u8 {
+        *self as u8
+    }
+
+    fn text_type(&self) -> &'static str {
+        match self {
+            Dialect::OpenAiResponses => "input_text",
+            Dialect::OpenAiChat | Dialect::AnthropicMessages => "text",
+        }
+    }
+
+    fn images_in_tool_results(&self) -> bool {
+        *self != Dialect::OpenAiChat
+    }
+
+    fn limits_many_images(&self) -> bool {
+        *self == Dialect::AnthropicMessages
+    }
+
+    fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> String {
+        let (outer, inner) = extras.map_or(("", ""), |x| (x.outer.as_str(), x.inner.as_str()));
+        let url = || match image {
+            ImageRef::Data(em) => json_string(&data_url(em)),
+            ImageRef::Url(url) => json_string(url),
+        };
+        match (self, image) {
+            (Dialect::AnthropicMessages, ImageRef::Data(em)) => format!(
+                r#"{{"type":"image","source":{{"type":"base64","media_type":"{}","data":"{}"}}{outer}}}"#,
+                em.mime, em.base64
+            ),
+            (Dialect::AnthropicMessages, ImageRef::Url(_)) => format!(
+                r#"{{"type":"image","source":{{"type":"url","url":{}}}{outer}}}"#,
+                url()
+            ),
+            (Dialect::OpenAiResponses, _) => {
+                format!(r#"{{"type":"input_image","image_url":{}{outer}}}"#, url())
+            }
+            (Dialect::OpenAiChat, _) => format!(
+                r#"{{"type":"image_url","image_url":{{"url":{}{inner}}}{outer}}}"#,
+                url()
+            ),
+        }
+    }
+
+    fn user_image_part(&self, part: &RawValue, em: &Embedded) -> Option<String> {
+        let mut part: Map<String, Value> = serde_json::from_str(part.get()).ok()?;
+        match self {
+            Dialect::AnthropicMessages => {
+                let source = serde_json::json!({
+                    "type": "base64", "media_type": em.mime, "data": &*em.base64
+                });
+                part.insert("source".into(), source);
+            }
+            Dialect::OpenAiResponses => {
+                part.insert("image_url".into(), data_url(em).into());
+            }
+            // `image_url` is an object in chat; a client's bare string becomes one.
+            Dialect::OpenAiChat => match part.get_mut("image_url") {
+                Some(Value::Object(url)) => {
+                    url.insert("url".into(), data_url(em).into());
+                }
+                _ => {
+                    let url = serde_json::json!({ "url": data_url(em) });
+                    part.insert("image_url".into(), url);
+                }
+            },
+        }
+        Some(Value::Object(part).to_string())
+    }
+
+    fn user_note_part(&self, part: &RawValue, text_json: &str) -> String {
+        let mut out = format!(r#"{{"type":"{}","text":{text_json}"#, self.text_type());
+        // Anthropic blocks may carry a cache breakpoint; it stays where it was (P2).
+        if *self == Dialect::AnthropicMessages {
+            #[derive(serde::Deserialize)]
+            struct Marker<'a> {
+                #[serde(borrow)]
+                cache_control: Option<&'a RawValue>,
+            }
+            if let Some(cc) = serde_json::from_str::<Marker>(part.get())
+                .ok()
+                .and_then(|m| m.cache_control)
+            {
+                out.push_str(",\"cache_control\":");
+                out.push_str(cc.get());
+            }
+        }
+        out.push('}');
+        out
+    }
+
+    fn after_turns(&self, body: &[u8], turns: Vec<(usize, Vec<String>)>) -> Vec<Edit> {
+        if *self != Dialect::OpenAiChat || turns.is_empty() {
+            return Vec::new();
+        }
+        let Some(spans) = std::str::from_utf8(body)
+            .ok()
+            .and_then(super::openai_chat::message_spans)
+        else {
+            return Vec::new();
+        };
+        let mut by_end: Vec<(usize, Vec<String>)> = Vec::new();
+        for (message, parts) in turns {
+            let mut last = message;
+            while last + 1 < spans.len() && spans[last + 1].1 {
+                last += 1;
+            }
+            match by_end.iter_mut().find(|(end, _)| *end == last) {
+                Some((_, all)) => all.extend(parts),
+                None => by_end.push((last, parts)),
+            }
+        }
+        by_end
+            .into_iter()
+            .filter_map(|(last, parts)| {
+                let end = spans.get(last)?.0.end;
+                Some(Edit {
+                    span: Span { start: end, end },
+                    with: Bytes::from(format!(
+                        r#",{{"role":"user","content":[{}]}}"#,
+                        parts.join(",")
+                    )),
+                })
+            })
+            .collect()
+    }
+}

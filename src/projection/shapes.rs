@@ -1,0 +1,49 @@
+//! What the core needs of a wire API's shapes, as a trait the dialect layer implements
+//! (`crate::dialect`): the core decides what a request shows, the dialect writes it in its
+//! provider's JSON.
+
+use serde_json::value::RawValue;
+
+use super::attach::{Embedded, Extras};
+use super::view::Edit;
+
+/// What an image part shows: bytes sluice embeds, or a URL passed on.
+pub enum ImageRef<'a> {
+    Data(&'a Embedded),
+    Url(&'a str),
+}
+
+/// One wire API's shapes, as the core writes them.
+pub trait Shapes: std::fmt::Debug + Sync {
+    /// A number that differs between dialects (it keys the memo of projected results).
+    fn tag(&self) -> u8;
+
+    /// The `type` of a text content part in a request (`text`, or Responses' `input_text`).
+    fn text_type(&self) -> &'static str;
+
+    /// Whether a tool result may hold images (A7). Where it may not (OpenAI chat), shown images
+    /// go in a user message after the turn's tool messages ([`Shapes::after_turns`]), and a
+    /// tool result sent as a string stays a string.
+    fn images_in_tool_results(&self) -> bool;
+
+    /// Whether the provider lowers its image size limit when a request holds many images
+    /// (Anthropic, A5).
+    fn limits_many_images(&self) -> bool;
+
+    /// An image part, with the fields the client sent on its own part (`detail`,
+    /// `cache_control`, …) written back (P2).
+    fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> String;
+
+    /// A user's image part rewritten to carry `embedded` (new bytes or a corrected media
+    /// type), its other fields kept; `None` when the part cannot be read.
+    fn user_image_part(&self, part: &RawValue, embedded: &Embedded) -> Option<String>;
+
+    /// A user's image part replaced by a text part holding `text_json` (a JSON string), with a
+    /// cache breakpoint kept where the dialect has them on parts.
+    fn user_note_part(&self, part: &RawValue, text_json: &str) -> String;
+
+    /// Edits that insert, after the last tool message of each turn, one user message holding
+    /// that turn's `parts` (turns named by the index of one of their messages). Only for
+    /// dialects whose tool results hold no images.
+    fn after_turns(&self, body: &[u8], turns: Vec<(usize, Vec<String>)>) -> Vec<Edit>;
+}

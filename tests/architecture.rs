@@ -1,0 +1,260 @@
+//! The structure rules of docs/architecture.md, checked on the sources (architecture issue):
+//! - no import cycle among the top-level modules of `src/` (read from `crate::` paths outside
+//!   comments and unit tests);
+//! - the pure core, `src/projection/`, uses none of the runtime and I/O crates and no module of
+//!   sluice but the leaves it is allowed;
+//! - no source file has more than 600 lines of code;
+//! - every source file opens with a `//!` line.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const MAX_LINES_OF_CODE: usize = 600;
+/// What the core may not use: the runtime, caches, stores, HTTP and configuration loading.
+const NOT_IN_CORE: &[&str] = &[
+    "tokio", "moka", "redb", "redis", "hyper", "reqwest", "figment",
+];
+/// The modules of sluice the core may use: leaves with no I/O.
+const CORE_MAY_USE: &[&str] = &["projection", "json", "tenant", "image"];
+
+struct Source {
+    path: PathBuf,
+    /// Top-level module: `src/<top>.rs` or `src/<top>/…`.
+    top: String,
+    text: String,
+}
+
+impl Source {
+    /// The file without its unit tests (a trailing `#[cfg(test)]` module, or a `tests.rs`) and
+    /// without comments: what the module itself depends on.
+    fn code(&self) -> String {
+        if self.path.file_name().is_some_and(|n| n == "tests.rs") {
+            return String::new();
+        }
+        let body = self.text.split("#[cfg(test)]").next().unwrap_or("");
+        body.lines()
+            .map(|line| match line.find("//") {
+                // Not inside a string on that line (an URL): an even number of quotes before.
+                Some(at) if line[..at].matches('"').count() % 2 == 0 => &line[..at],
+                _ => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn sources() -> Vec<Source> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    walk(&src, &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let rel = path.strip_prefix(&src).unwrap();
+            let first = rel.components().next().unwrap().as_os_str();
+            let top = first.to_string_lossy().trim_end_matches(".rs").to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            Source { path, top, text }
+        })
+        .collect()
+}
+
+/// The top-level modules named by `crate::` paths in `code`, braces included
+/// (`crate::{a, b::c}` names `a` and `b`).
+fn crate_modules(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0usize;
+            let mut item_start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if c.is_whitespace() => {}
+                    _ if item_start => {
+                        out.insert(ident(&group[i..]));
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty() && m != "self");
+    out
+}
+
+/// The import graph of the top-level modules (`lib` and `main` left out: they name everything).
+fn graph(sources: &[Source]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in sources {
+        if s.top == "lib" || s.top == "main" {
+            continue;
+        }
+        let deps = graph.entry(s.top.clone()).or_default();
+        for m in crate_modules(&s.code()) {
+            if m != s.top {
+                deps.insert(m);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle of the graph, if it has one (depth-first search).
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(node.to_string(), 1);
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            match state.get(next.as_str()).copied().unwrap_or(0) {
+                1 => {
+                    let from = path.iter().position(|n| n == next).unwrap_or(0);
+                    let mut cycle = path[from..].to_vec();
+                    cycle.push(next.clone());
+                    return Some(cycle);
+                }
+                0 => {
+                    if let Some(cycle) = visit(next, graph, state, path) {
+                        return Some(cycle);
+                    }
+                }
+                _ => {}
+            }
+        }
+        path.pop();
+        state.insert(node.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for node in graph.keys() {
+        if state.get(node.as_str()).copied().unwrap_or(0) == 0 {
+            if let Some(cycle) = visit(node, graph, &mut state, &mut Vec::new()) {
+                return Some(cycle);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles_and_the_parser_reads_groups() {
+    let g = |edges: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    assert_eq!(find_cycle(&g(&[("a", "b"), ("b", "c"), ("a", "c")])), None);
+    assert_eq!(
+        find_cycle(&g(&[("a", "b"), ("b", "c"), ("c", "a")])),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    let found = crate_modules("use crate::{a::{x, y}, b, c::D};\nlet z = crate::d::f();");
+    assert_eq!(
+        found,
+        BTreeSet::from(["a", "b", "c", "d"].map(String::from))
+    );
+}
+
+#[test]
+fn no_import_cycle_among_top_level_modules() {
+    let graph = graph(&sources());
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "import cycle: {}\n(every module's imports: {graph:#?})",
+            cycle.join(" → ")
+        );
+    }
+}
+
+#[test]
+fn the_core_uses_no_runtime_crate_and_only_leaf_modules() {
+    let mut wrong = Vec::new();
+    for s in sources().iter().filter(|s| s.top == "projection") {
+        let code = s.code();
+        for krate in NOT_IN_CORE {
+            let used = code.match_indices(&format!("{krate}::")).any(|(at, _)| {
+                at == 0 || {
+                    let before = code.as_bytes()[at - 1];
+                    !(before.is_ascii_alphanumeric() || before == b'_' || before == b':')
+                }
+            });
+            if used {
+                wrong.push(format!("{} uses {krate}", s.path.display()));
+            }
+        }
+        for m in crate_modules(&code) {
+            if !CORE_MAY_USE.contains(&m.as_str()) {
+                wrong.push(format!("{} uses crate::{m}", s.path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the core is not pure:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn no_source_file_is_over_600_lines_of_code() {
+    let long: Vec<String> = sources()
+        .iter()
+        .map(|s| {
+            let code = s
+                .text
+                .lines()
+                .filter(|l| {
+                    let t = l.trim();
+                    !t.is_empty() && !t.starts_with("//")
+                })
+                .count();
+            (s, code)
+        })
+        .filter(|(_, code)| *code > MAX_LINES_OF_CODE)
+        .map(|(s, code)| format!("{}: {code} lines of code", s.path.display()))
+        .collect();
+    assert!(long.is_empty(), "split these:\n{}", long.join("\n"));
+}
+
+#[test]
+fn every_source_file_opens_with_a_module_doc_line() {
+    let bare: Vec<String> = sources()
+        .iter()
+        .filter(|s| !s.text.starts_with("//!"))
+        .map(|s| s.path.display().to_string())
+        .collect();
+    assert!(bare.is_empty(), "no `//!` line first:\n{}", bare.join("\n"));
+}
