@@ -1,5 +1,6 @@
-//! The upstream side: one pooled reqwest client (rustls, HTTP/1.1 and h2), the header policy in
-//! both directions, and the streamed relay of response bodies (SPEC P3, S4).
+//! The upstream side: a reqwest client per worker thread (rustls, HTTP/1.1 and h2, its own
+//! connection pool), the header policy in both directions, and the streamed relay of response
+//! bodies (SPEC P3, S4).
 
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{elements, is_true, span_of, Dialect, Text};
+use super::{elements, span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -16,8 +16,6 @@ struct Request<'a> {
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Vec<Message<'a>>,
     #[serde(borrow)]
@@ -108,8 +106,6 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         body: body.as_bytes(),
         shapes: &Dialect::AnthropicMessages,
         model: request.model,
-        stream: is_true(request.stream),
-        items: request.messages.len(),
         tool_results,
         user_images,
     })
@@ -127,7 +123,6 @@ mod tests {
           {"role":"user","content":[{"type":"tool_result","tool_use_id":"tu1","content":"file text","cache_control":{"type":"ephemeral"}}]}
         ]}"#;
         let view = read(body).unwrap();
-        assert_eq!(view.items, 3);
         let r = &view.tool_results[0];
         assert_eq!(r.tool_name.as_deref(), Some("read_file"));
         assert_eq!(&body[r.span.start..r.span.end], r#""file text""#);

@@ -1,6 +1,9 @@
-//! The three wire APIs: which paths they own, how their errors look, and how a request body is
-//! read into the [`RequestView`](crate::projection::RequestView). Nothing outside this folder
-//! knows a provider's JSON shapes.
+//! The three wire APIs: which paths they own, how their errors look, how a request body is read
+//! into the [`crate::projection::RequestView`], and how the core's decisions are
+//! written in each provider's JSON (`render.rs`, the core's
+//! [`Shapes`](crate::projection::shapes::Shapes)). Provider shapes are still also read in the
+//! read tool (`crate::read`) and in the core's parsing of tool-result parts
+//! (docs/architecture.md lists where).
 
 mod anthropic;
 pub mod completion;
@@ -145,11 +148,6 @@ pub(crate) fn span_of(whole: &str, raw: &RawValue) -> Span {
         start,
         end: start + raw.get().len(),
     }
-}
-
-/// `true` for the JSON literal `true`.
-pub(crate) fn is_true(raw: Option<&RawValue>) -> bool {
-    raw.is_some_and(|r| r.get() == "true")
 }
 
 /// A string field that may be absent; borrowed when it has no escapes.

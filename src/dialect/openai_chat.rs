@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{elements, is_true, span_of, Dialect, Text};
+use super::{elements, span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -16,8 +16,6 @@ struct Request<'a> {
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Vec<Message<'a>>,
 }
@@ -118,8 +116,6 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         body: body.as_bytes(),
         shapes: &Dialect::OpenAiChat,
         model: request.model,
-        stream: is_true(request.stream),
-        items: request.messages.len(),
         tool_results,
         user_images,
     })
@@ -167,8 +163,6 @@ mod tests {
         ], "model":"gpt-4o", "stream": true, "unknown": {"k": [1, 2.50]}}"#;
         let view = read(body).unwrap();
         assert_eq!(view.model.as_deref(), Some("gpt-4o"));
-        assert!(view.stream);
-        assert_eq!(view.items, 4);
         assert_eq!(view.tool_results.len(), 2);
         let r = &view.tool_results[0];
         assert_eq!(

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{elements, is_true, span_of, Dialect, Text};
+use super::{elements, span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -16,8 +16,6 @@ struct Request<'a> {
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    stream: Option<&'a RawValue>,
     #[serde(borrow)]
     input: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -111,8 +109,6 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         body: body.as_bytes(),
         shapes: &Dialect::OpenAiResponses,
         model: request.model,
-        stream: is_true(request.stream),
-        items: items.len(),
         tool_results,
         user_images,
     })
@@ -130,8 +126,6 @@ mod tests {
             {"type":"function_call_output","call_id":"f1","output":[{"type":"input_text","text":"ok"}]}
         ],"stream":false}"#;
         let view = read(body).unwrap();
-        assert!(!view.stream);
-        assert_eq!(view.items, 3);
         let r = &view.tool_results[0];
         assert_eq!(r.tool_name.as_deref(), Some("screenshot"));
         assert!(body[r.span.start..r.span.end].starts_with(r#"[{"type":"input_text""#));
@@ -141,7 +135,6 @@ mod tests {
     #[test]
     fn string_input_has_nothing_to_project() {
         let view = read(r#"{"model":"gpt-5","input":"hello"}"#).unwrap();
-        assert_eq!(view.items, 0);
         assert!(view.tool_results.is_empty());
     }
 }

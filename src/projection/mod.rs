@@ -17,7 +17,6 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::tenant::Tenant;
-use artifact::ArtifactId;
 use attach::extract::Extracted;
 use attach::state::{self, Candidate, Decision, Delta, SessionState};
 use attach::{Item, Limits, Media, Outcome};
@@ -65,25 +64,10 @@ pub struct Projection {
     pub memos: Vec<(u128, exit::Memoized)>,
     /// What happened to each image, for the metrics.
     pub images: Vec<ImageEvent>,
-    /// Every image of the request in arrival order, with its source and lifetime (M5), for
-    /// the delivery state.
-    pub attachments: Vec<Attachment>,
     /// The session state changes to commit if the response completes (A9).
     pub delta: Delta,
     /// Image placeholders that name an artifact the read tool can show again (C5).
     pub rereadable: usize,
-}
-
-/// An image of the request as the delivery state sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attachment {
-    /// The tool call (`tool_call_id`, `call_id`, `tool_use_id`) or `user:<message index>`.
-    pub source: String,
-    /// Its number within the source.
-    pub k: usize,
-    pub id: Option<ArtifactId>,
-    pub lifetime: Lifetime,
-    pub outcome: &'static str,
 }
 
 /// The source an image came from (a tool call id, or a fingerprint of the user's image part),
@@ -297,16 +281,6 @@ pub fn project_prepared(
     for ((_, _, place), outcome) in places.iter().zip(decided) {
         let ev = event(&outcome);
         out.images.push(ev);
-        if let Some(item) = item_at(*place) {
-            let (source, tool) = source_of(view, *place);
-            out.attachments.push(Attachment {
-                source,
-                k: item.k,
-                id: item.id,
-                lifetime: lifetime_of(item, tool, &ctx.policy, ctx.memo),
-                outcome: ev.outcome,
-            });
-        }
         if matches!(outcome, Outcome::Retired | Outcome::Deferred)
             && item_at(*place).is_some_and(|i| i.id.is_some())
         {
@@ -564,10 +538,12 @@ mod tests {
                 state: &SessionState::default(),
             },
         );
+        // The delivery state records each image under its source (`<source>#<k>#<content>`).
         let lifetimes: Vec<_> = p
-            .attachments
+            .delta
+            .records
             .iter()
-            .map(|a| (a.source.as_str(), a.lifetime))
+            .map(|(key, r)| (key.split('#').next().unwrap_or(""), r.lifetime))
             .collect();
         assert_eq!(
             lifetimes,

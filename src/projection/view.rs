@@ -50,9 +50,6 @@ pub struct RequestView<'a> {
     /// The whole request body the spans point into.
     pub body: &'a [u8],
     pub model: Option<Cow<'a, str>>,
-    pub stream: bool,
-    /// Messages (chat, Anthropic) or input items (Responses) in the history.
-    pub items: usize,
     pub tool_results: Vec<ToolResult<'a>>,
     pub user_images: Vec<UserImage<'a>>,
     /// The request's `tools` as sent (where the read tool is added, C1).
@@ -81,8 +78,6 @@ impl<'a> RequestView<'a> {
             shapes,
             body,
             model,
-            stream: false,
-            items: 0,
             tool_results: Vec::new(),
             user_images: Vec::new(),
             tools: None,

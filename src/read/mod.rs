@@ -143,17 +143,22 @@ pub fn parse_call(call: &Call, tenant: &Tenant) -> Request {
     }
 }
 
-/// The page a cursor reads, as the model sees it (the same text as `GET /v1/sluice/read`).
-pub fn page(text: &str, cursor: &Cursor, tenant: &Tenant, read_tool: &str) -> String {
-    notice::render(
-        &Lines::new(text),
+/// The page a cursor reads, as the model sees it (the same text as `GET /v1/sluice/read`);
+/// `None` when the cursor does not read this text (its recorded range, T5).
+pub fn page(text: &str, cursor: &Cursor, tenant: &Tenant, read_tool: &str) -> Option<String> {
+    let lines = Lines::new(text);
+    if !cursor.reads(&lines) {
+        return None;
+    }
+    let page = notice::render(
+        &lines,
         &cursor.artifact,
         tenant,
         cursor.at,
         cursor.budget,
         read_tool,
-    )
-    .text
+    );
+    Some(page.text)
 }
 
 /// Adds up two `usage` objects field by field (numbers are summed, nested objects merged).

@@ -75,12 +75,16 @@ impl App {
             .map_err(store_error)?
             .ok_or_else(not_found)?;
         let text = std::str::from_utf8(&bytes).map_err(|_| GatewayError::Internal)?;
+        let lines = Lines::new(text);
+        if !cursor.reads(&lines) {
+            return Err(GatewayError::BadCursor);
+        }
         let read_tool = self
             .routes
             .select_family(ctx.family)
             .map_or("sluice_read", |r| r.config.read_tool.as_str());
         let page = notice::render(
-            &Lines::new(text),
+            &lines,
             &cursor.artifact,
             &tenant,
             cursor.at,

@@ -1,15 +1,16 @@
-//! Listeners, endpoint dispatch and graceful shutdown.
+//! The gateway: listeners, workers, dispatch and graceful shutdown, one file per job.
 //!
-//! The request path, once (STYLE 1):
-//! 1. [`App::handle`] gives the request an id (`x-sluice-request-id`, O3) and dispatches by path.
-//! 2. Projected endpoints ([`Dialect::from_path`]): the body is read under `max_body_bytes`
-//!    (413 while reading, never after buffering all of it), read once into a
-//!    [`RequestView`](crate::projection::RequestView) by its dialect (400 on bad JSON), routed by
-//!    dialect and model (404), projected into edits and spliced into the original bytes (P1, P2).
-//! 3. Every other `/v1/...` path is streamed to the family's first route unchanged (P5).
-//! 4. [`Upstream::send`] waits for the upstream's head and first chunk (502/504 on failure);
-//!    the status, headers and body then stream back through a bounded relay (P3), which records
-//!    the end of the body in the metrics.
+//! - `workers.rs`: worker threads, accepting under `max_connections`, background tasks.
+//! - `handle.rs`: every request gets its id (`x-sluice-request-id`, O3), metrics, and on
+//!   failure a dialect-shaped error; dispatch by path.
+//! - `pipeline.rs`: projected endpoints (`Dialect::from_path`), stage by stage; the stage list
+//!   is written once, on `App::projected`.
+//! - `relay.rs`: every other `/v1/...` path streamed to the family's first route unchanged
+//!   (P5), and the relay of upstream responses (P3).
+//! - `rounds.rs`: the read rounds (C2-C5).
+//! - `commit.rs`: the one commit path of delivery state (A9).
+//! - `endpoints.rs`: `/v1/sluice/*` on the proxy listener; health, readiness, metrics.
+//! - `body.rs`: request bodies (limits, pacing, decoding).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -231,8 +232,8 @@ impl Server {
     ///
     /// The proxy runs on `worker_threads` threads, each with its own single-threaded runtime
     /// accepting on the shared listener: a connection, its upstream connections and its relay
-    /// all stay on one thread, with no cross-thread wake-ups on the request path. The admin
-    /// listener runs on the caller's runtime.
+    /// all stay on one thread. Decoding compressed request bodies and embedded-store commits go
+    /// to the blocking pool. The admin listener runs on the caller's runtime.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let Server {
             shared,

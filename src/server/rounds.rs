@@ -60,6 +60,26 @@ pub(super) struct ImageRoom {
     pub max_dimension: u32,
 }
 
+impl ImageRoom {
+    /// The room the route's budgets leave after the images the request already embeds.
+    pub fn left(
+        route: &crate::config::RouteConfig,
+        accepts: bool,
+        images: &[crate::projection::ImageEvent],
+    ) -> ImageRoom {
+        let limits = &route.images;
+        let embedded = images.iter().filter(|i| i.outcome == "embedded");
+        let shown: u64 = embedded.clone().map(|i| i.bytes).sum();
+        ImageRoom {
+            accepts,
+            count: limits.max_images.saturating_sub(embedded.count()),
+            bytes: limits.max_total_bytes.saturating_sub(shown),
+            max_image_bytes: limits.max_image_bytes,
+            max_dimension: limits.max_dimension,
+        }
+    }
+}
+
 /// The rounds so far: each round's output and the read results that answered it.
 #[derive(Default)]
 struct Rounds {
@@ -377,14 +397,14 @@ impl App {
                 read::Request::Invalid(message) => (message, None, "bad_cursor"),
                 read::Request::Page(cursor) => {
                     match self.artifacts.get(&job.tenant, &cursor.artifact).await {
-                        Ok(Some(bytes)) => match std::str::from_utf8(&bytes) {
-                            Ok(text) => (
-                                read::page(text, &cursor, &job.tenant, &job.tool),
-                                None,
-                                "page",
-                            ),
-                            Err(_) => (
-                                "[sluice: this artifact is not text]".to_string(),
+                        Ok(Some(bytes)) => match std::str::from_utf8(&bytes)
+                            .ok()
+                            .and_then(|text| read::page(text, &cursor, &job.tenant, &job.tool))
+                        {
+                            Some(page) => (page, None, "page"),
+                            None => (
+                                "[sluice: this cursor does not read a text sluice stored]"
+                                    .to_string(),
                                 None,
                                 "bad_cursor",
                             ),

@@ -128,11 +128,6 @@ impl ArtifactStore for FileStore {
         .await
     }
 
-    async fn exists(&self, tenant: &Tenant, id: &ArtifactId) -> Result<bool, StoreError> {
-        let path = self.path(tenant, id);
-        blocking(move || Ok(path.is_file())).await
-    }
-
     async fn check(&self) -> Result<(), StoreError> {
         let root = self.root.clone();
         blocking(move || FileStore { root }.probe()).await
@@ -162,15 +157,11 @@ mod tests {
             store.get(&a, &id).await.unwrap().as_deref(),
             Some(&b"text"[..])
         );
-        assert!(store.exists(&a, &id).await.unwrap());
-        let range = store.get_range(&a, &id, 1..99).await.unwrap();
-        assert_eq!(range.as_deref(), Some(&b"ext"[..]));
         assert_eq!(
             store.get(&b, &id).await.unwrap(),
             None,
             "S3: another tenant sees nothing"
         );
-        assert!(!store.exists(&b, &id).await.unwrap());
         // No temporary files are left behind.
         let mut stack = vec![store.root().to_path_buf()];
         while let Some(dir) = stack.pop() {

@@ -47,26 +47,6 @@ pub trait ArtifactStore: Send + Sync + 'static {
         tenant: &Tenant,
         id: &ArtifactId,
     ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
-    /// Bytes `range` of the artifact (clamped to its length); `Ok(None)` when there is none.
-    fn get_range(
-        &self,
-        tenant: &Tenant,
-        id: &ArtifactId,
-        range: std::ops::Range<usize>,
-    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
-        async move {
-            Ok(self.get(tenant, id).await?.map(|bytes| {
-                let end = range.end.min(bytes.len());
-                bytes.slice(range.start.min(end)..end)
-            }))
-        }
-    }
-    /// Whether this tenant has the artifact.
-    fn exists(
-        &self,
-        tenant: &Tenant,
-        id: &ArtifactId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// `Ok(())` while the store can be written (readiness, O2).
     fn check(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
@@ -89,13 +69,6 @@ impl ArtifactStore for Backend {
         match self {
             Backend::File(s) => s.get(tenant, id).await,
             Backend::Redis(s) => s.get(tenant, id).await,
-        }
-    }
-
-    async fn exists(&self, tenant: &Tenant, id: &ArtifactId) -> Result<bool, StoreError> {
-        match self {
-            Backend::File(s) => s.exists(tenant, id).await,
-            Backend::Redis(s) => s.exists(tenant, id).await,
         }
     }
 

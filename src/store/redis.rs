@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::AsyncCommands;
 
 use super::{ArtifactId, ArtifactStore, StoreError};
 use crate::config::Lifetime;
@@ -171,13 +170,6 @@ impl ArtifactStore for RedisStore {
             .await
             .map_err(err)?;
         Ok(found.map(Bytes::from))
-    }
-
-    async fn exists(&self, tenant: &Tenant, id: &ArtifactId) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
-        conn.exists(Self::artifact_key(tenant, id))
-            .await
-            .map_err(err)
     }
 
     async fn check(&self) -> Result<(), StoreError> {

@@ -18,12 +18,22 @@ use crate::projection::RequestView;
 use crate::store::StoreError;
 use crate::tenant::Tenant;
 
-/// Where a session key came from, for logs and docs.
+/// Where a session key came from (logged at debug with each session load).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeySource {
     Header,
     Conversation,
     Fingerprint,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::Header => "header",
+            KeySource::Conversation => "conversation",
+            KeySource::Fingerprint => "fingerprint",
+        }
+    }
 }
 
 /// A session's key: a digest of tenant and session id, so it reveals neither (S3).

@@ -47,6 +47,14 @@ fn u32_of(n: usize) -> u32 {
 }
 
 impl Cursor {
+    /// Whether the cursor reads `lines`: the range it records ends where the text does, and
+    /// its position lies within (T5). Artifacts are content-addressed, so only a store that
+    /// lost or altered bytes makes this false.
+    pub fn reads(&self, lines: &super::text::Lines<'_>) -> bool {
+        usize::try_from(self.end_line).is_ok_and(|end| end == lines.count())
+            && self.at.line <= self.end_line
+    }
+
     pub fn encode(&self, tenant: &Tenant) -> String {
         let mut out = Vec::with_capacity(PAYLOAD_LEN + MAC_LEN);
         out.push(VERSION);
@@ -111,6 +119,31 @@ impl Cursor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::projection::exit::text::Lines;
+
+    #[test]
+    fn a_cursor_reads_only_the_text_of_its_recorded_range_t5() {
+        let t = Tenant::from_credential(b"k");
+        let text = "a\nb\nc";
+        let lines = Lines::new(text);
+        let c = Cursor {
+            artifact: ArtifactId::for_content(&t, ArtifactKind::Text, text.as_bytes()),
+            at: Position { line: 1, unit: 0 },
+            end_line: u32::try_from(lines.count()).unwrap(),
+            budget: Budget {
+                lines: 1,
+                units: 10,
+            },
+        };
+        assert!(c.reads(&lines));
+        assert!(!c.reads(&Lines::new("a\nb")), "a shorter text");
+        assert!(!c.reads(&Lines::new("a\nb\nc\nd")), "a longer text");
+        let past = Cursor {
+            at: Position { line: 9, unit: 0 },
+            ..c
+        };
+        assert!(!past.reads(&lines), "a position past the range");
+    }
 
     fn cursor() -> (Tenant, Cursor) {
         let t = Tenant::from_credential(b"k");
