@@ -335,6 +335,9 @@ impl http_body::Body for RelayBody {
                 this.chunk(chunk)
             }
             Poll::Ready(None) => {
+                if let Some(watch) = &mut this.watch {
+                    watch.finish();
+                }
                 // An event stream that ends before its dialect's final event did not complete
                 // (A9): the client sees it cut, never a clean end that looks complete.
                 let cut = |w: &Completion| w.can_tell() && !w.is_complete();

@@ -2,21 +2,17 @@
 //! complete only when its dialect's final event arrived: chat, a `finish_reason` then
 //! `data: [DONE]`; Responses, `response.completed`; Anthropic, `message_stop`. An upstream
 //! stream that just ends is incomplete, though clients often do not notice. Nothing is buffered
-//! but the current line, up to a bound.
+//! but the current event, up to a bound ([`super::sse`]).
 
 use serde::Deserialize;
 
+use super::sse::{Event, Framer, MAX_EVENT_BYTES};
 use super::Dialect;
-
-/// Longest SSE line followed; a longer one stops the watch (the response then counts as not
-/// completed: nothing is committed on a response sluice could not read).
-const MAX_LINE_BYTES: usize = 1024 * 1024;
 
 #[derive(Debug)]
 pub struct Completion {
     dialect: Dialect,
-    line: Vec<u8>,
-    event: String,
+    framer: Framer,
     saw_finish: bool,
     done: bool,
     failed: bool,
@@ -40,12 +36,20 @@ struct Typed<'a> {
     kind: Option<std::borrow::Cow<'a, str>>,
 }
 
+/// What one event says about the stream's end.
+enum Seen {
+    Nothing,
+    /// chat: a choice finished.
+    Finish,
+    Final,
+    Failure,
+}
+
 impl Completion {
     pub fn new(dialect: Dialect) -> Self {
         Self {
             dialect,
-            line: Vec::new(),
-            event: String::new(),
+            framer: Framer::new(MAX_EVENT_BYTES),
             saw_finish: false,
             done: false,
             failed: false,
@@ -53,23 +57,32 @@ impl Completion {
     }
 
     /// Feeds the next bytes of the event stream.
-    pub fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() && !self.failed {
-            match memchr::memchr(b'\n', bytes) {
-                Some(at) => {
-                    self.line.extend_from_slice(&bytes[..at]);
-                    let line = std::mem::take(&mut self.line);
-                    self.line_done(&line);
-                    bytes = &bytes[at + 1..];
-                }
-                None => {
-                    self.line.extend_from_slice(bytes);
-                    if self.line.len() > MAX_LINE_BYTES {
-                        self.failed = true;
-                    }
-                    return;
-                }
-            }
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.failed {
+            return;
+        }
+        let dialect = self.dialect;
+        let mut seen = Vec::new();
+        let fed = self
+            .framer
+            .feed(bytes, &mut |event| seen.push(Self::judge(dialect, event)));
+        for s in seen {
+            self.note(s);
+        }
+        if fed.is_err() {
+            self.failed = true;
+        }
+    }
+
+    /// The upstream stream ended: a last event whose closing blank line never came still
+    /// counts.
+    pub fn finish(&mut self) {
+        let dialect = self.dialect;
+        let mut seen = Vec::new();
+        self.framer
+            .finish(&mut |event| seen.push(Self::judge(dialect, event)));
+        for s in seen {
+            self.note(s);
         }
     }
 
@@ -83,54 +96,57 @@ impl Completion {
         self.done && !self.failed
     }
 
-    /// Whether the watch could read the stream so far (no over-long line, no undecodable
+    /// Whether the watch could read the stream so far (no over-long event, no undecodable
     /// bytes): only then does a missing final event mean the stream was cut.
     pub fn can_tell(&self) -> bool {
         !self.failed
     }
 
-    fn line_done(&mut self, line: &[u8]) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(name) = line.strip_prefix(b"event:") {
-            self.event = String::from_utf8_lossy(name.trim_ascii()).into_owned();
-            return;
+    fn note(&mut self, seen: Seen) {
+        match seen {
+            Seen::Nothing => {}
+            Seen::Finish => self.saw_finish = true,
+            Seen::Final => self.done = self.dialect != Dialect::OpenAiChat || self.saw_finish,
+            Seen::Failure => self.failed = true,
         }
-        if line.is_empty() {
-            self.event.clear();
-            return;
-        }
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
+    }
+
+    fn judge(dialect: Dialect, event: Event<'_>) -> Seen {
+        let Some(data) = event.data else {
+            return Seen::Nothing;
         };
-        let data = data.strip_prefix(b" ").unwrap_or(data);
-        match self.dialect {
+        match dialect {
             Dialect::OpenAiChat => {
-                if data == b"[DONE]" {
-                    self.done = self.saw_finish;
-                } else if let Ok(chunk) = serde_json::from_slice::<ChatChunk>(data) {
-                    if chunk
+                if data == "[DONE]" {
+                    return Seen::Final;
+                }
+                let finished = serde_json::from_str::<ChatChunk>(data).is_ok_and(|chunk| {
+                    chunk
                         .choices
                         .iter()
                         .any(|c| c.finish_reason.is_some_and(|f| f.get() != "null"))
-                    {
-                        self.saw_finish = true;
-                    }
+                });
+                if finished {
+                    Seen::Finish
+                } else {
+                    Seen::Nothing
                 }
             }
             Dialect::OpenAiResponses | Dialect::AnthropicMessages => {
-                let kind = serde_json::from_slice::<Typed>(data)
+                let typed = serde_json::from_str::<Typed>(data)
                     .ok()
-                    .and_then(|t| t.kind)
-                    .map(|k| k.into_owned())
-                    .unwrap_or_else(|| self.event.clone());
-                let final_event = match self.dialect {
+                    .and_then(|t| t.kind);
+                let kind = typed.as_deref().or(event.name).unwrap_or("");
+                let final_event = match dialect {
                     Dialect::OpenAiResponses => "response.completed",
                     _ => "message_stop",
                 };
                 if kind == final_event {
-                    self.done = true;
+                    Seen::Final
                 } else if kind == "error" || kind == "response.failed" {
-                    self.failed = true;
+                    Seen::Failure
+                } else {
+                    Seen::Nothing
                 }
             }
         }
@@ -192,14 +208,24 @@ mod tests {
     }
 
     #[test]
-    fn an_endless_line_stops_the_watch_without_growing() {
+    fn an_endless_event_stops_the_watch() {
         let mut c = Completion::new(Dialect::AnthropicMessages);
         let junk = vec![b'x'; 64 * 1024];
-        for _ in 0..40 {
+        for _ in 0..(MAX_EVENT_BYTES / junk.len() + 2) {
             c.feed(&junk);
         }
-        c.feed(b"\ndata: {\"type\":\"message_stop\"}\n");
+        c.feed(b"\n\ndata: {\"type\":\"message_stop\"}\n\n");
         assert!(!c.is_complete());
-        assert!(c.line.len() <= MAX_LINE_BYTES + junk.len());
+        assert!(!c.can_tell());
+    }
+
+    #[test]
+    fn a_final_event_without_its_blank_line_completes_at_the_end() {
+        let mut c = Completion::new(Dialect::OpenAiChat);
+        c.feed(CHAT.trim_end_matches('\n').as_bytes());
+        c.feed(b"\n");
+        assert!(!c.is_complete(), "not before the stream ends");
+        c.finish();
+        assert!(c.is_complete());
     }
 }

@@ -10,6 +10,7 @@ pub mod completion;
 pub mod openai_chat;
 mod openai_responses;
 mod render;
+pub mod sse;
 
 use std::borrow::Cow;
 

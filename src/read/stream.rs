@@ -10,12 +10,9 @@ use serde_json::{json, Value};
 
 use super::reply::{self, Output};
 use super::Call;
+use crate::dialect::sse::{Event, Framer, MAX_EVENT_BYTES};
 use crate::dialect::Dialect;
 use crate::json;
-
-/// Longest event sluice buffers while looking for its end (an event is a few kilobytes; a
-/// longer one ends the stitched stream as a failure rather than grow without bound).
-const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Default)]
 struct Round {
@@ -44,7 +41,9 @@ struct Round {
 pub struct Stitcher {
     dialect: Dialect,
     read: String,
-    buf: Vec<u8>,
+    /// Frames the current round's bytes into events (an over-long event ends the stitched
+    /// stream as a failure rather than grow without bound).
+    framer: Framer,
     round_no: usize,
     round: Round,
     /// Next client index for a block (Anthropic), output item (Responses) or tool call (chat).
@@ -70,7 +69,7 @@ impl Stitcher {
         Self {
             dialect,
             read: read.to_string(),
-            buf: Vec::new(),
+            framer: Framer::new(MAX_EVENT_BYTES),
             round_no: 0,
             round: Round::default(),
             next_index: 0,
@@ -90,15 +89,24 @@ impl Stitcher {
         if self.failed {
             return out;
         }
-        self.buf.extend_from_slice(bytes);
-        while let Some((end, sep)) = event_end(&self.buf) {
-            let block: Vec<u8> = self.buf.drain(..end + sep).collect();
-            self.event(&block[..end], &mut out);
-        }
-        if self.buf.len() > MAX_EVENT_BYTES {
+        let mut framer = std::mem::replace(&mut self.framer, Framer::new(0));
+        let fed = framer.feed(bytes, &mut |event| self.event(event, &mut out));
+        self.framer = framer;
+        if fed.is_err() {
             self.failed = true;
-            self.buf.clear();
         }
+        out
+    }
+
+    /// The current round's upstream stream ended: a last event whose closing blank line never
+    /// came is handled now; returns what the client gets of it.
+    pub fn upstream_ended(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut framer = std::mem::replace(&mut self.framer, Framer::new(0));
+        if !self.failed {
+            framer.finish(&mut |event| self.event(event, &mut out));
+        }
+        self.framer = framer;
         out
     }
 
@@ -168,7 +176,7 @@ impl Stitcher {
         self.chat_text_shown |= self.round.text_sent;
         self.round = Round::default();
         self.round_no += 1;
-        self.buf.clear();
+        self.framer = Framer::new(MAX_EVENT_BYTES);
     }
 
     /// The held closing events of the last round, with the usage of all `rounds` and (for
@@ -260,40 +268,25 @@ impl Stitcher {
         }
     }
 
-    fn event(&mut self, block: &[u8], out: &mut Vec<u8>) {
-        let text = String::from_utf8_lossy(block);
-        let mut name = None;
-        let mut data = String::new();
-        for line in text.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                name = Some(v.trim().to_string());
-            } else if let Some(v) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(v.strip_prefix(' ').unwrap_or(v));
-            }
-        }
-        if data.is_empty() {
+    fn event(&mut self, event: Event<'_>, out: &mut Vec<u8>) {
+        let Event { name, data, raw } = event;
+        let Some(data) = data.filter(|d| !d.is_empty()) else {
             // Comments and keep-alives pass as they are.
-            out.extend_from_slice(block);
-            out.extend_from_slice(b"\n\n");
+            out.extend_from_slice(raw);
             return;
-        }
+        };
         if self.dialect == Dialect::OpenAiChat && data.trim() == "[DONE]" {
             self.round.closing.push((None, Value::Null));
-            self.round.closing_raw.extend_from_slice(block);
-            self.round.closing_raw.extend_from_slice(b"\n\n");
+            self.round.closing_raw.extend_from_slice(raw);
             self.round.complete = true;
             return;
         }
         // Only an object is an event sluice reads; anything else passes as it came.
-        let Some(value) = serde_json::from_str::<Value>(&data)
+        let Some(value) = serde_json::from_str::<Value>(data)
             .ok()
             .filter(Value::is_object)
         else {
-            out.extend_from_slice(block);
-            out.extend_from_slice(b"\n\n");
+            out.extend_from_slice(raw);
             return;
         };
         self.touched = false;
@@ -304,8 +297,7 @@ impl Stitcher {
             Dialect::OpenAiResponses => self.responses(value),
         };
         if self.round.closing.len() > closing {
-            self.round.closing_raw.extend_from_slice(block);
-            self.round.closing_raw.extend_from_slice(b"\n\n");
+            self.round.closing_raw.extend_from_slice(raw);
         }
         if let Some(mut value) = forward {
             if self.dialect == Dialect::OpenAiResponses {
@@ -315,10 +307,9 @@ impl Stitcher {
                 self.seq += 1;
             }
             if self.touched {
-                emit(out, name.as_deref(), &value);
+                emit(out, name, &value);
             } else {
-                out.extend_from_slice(block);
-                out.extend_from_slice(b"\n\n");
+                out.extend_from_slice(raw);
             }
         }
     }
@@ -557,16 +548,6 @@ fn apply_delta(block: &mut Value, partial: &mut String, delta: &Value) {
             }
         }
         _ => {}
-    }
-}
-
-/// The end of the first complete event in `buf` and the length of its separator.
-fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = memchr::memmem::find(buf, b"\n\n").map(|i| (i, 2));
-    let crlf = memchr::memmem::find(buf, b"\r\n\r\n").map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
     }
 }
 

@@ -313,7 +313,13 @@ impl App {
                             return StreamOutcome::Cancelled;
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        let out = stitch.upstream_ended();
+                        if !out.is_empty() && tx.send(Ok(out.into())).await.is_err() {
+                            return StreamOutcome::Cancelled;
+                        }
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "read round: upstream stream failed");
                         let _ = tx.send(Err(e)).await;
