@@ -220,6 +220,16 @@ mod tests {
     }
 
     #[test]
+    fn a_long_final_event_still_completes() {
+        // A Responses stream's last event carries the whole response.
+        let big = "x".repeat(2 * 1024 * 1024);
+        let stream = format!(
+            "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"output_text\":\"{big}\"}}}}\n\n"
+        );
+        assert!(run(Dialect::OpenAiResponses, &stream, 64 * 1024));
+    }
+
+    #[test]
     fn a_final_event_without_its_blank_line_completes_at_the_end() {
         let mut c = Completion::new(Dialect::OpenAiChat);
         c.feed(CHAT.trim_end_matches('\n').as_bytes());
