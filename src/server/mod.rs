@@ -114,6 +114,9 @@ struct Shared {
     connections: Arc<tokio::sync::Semaphore>,
     /// One permit per request body byte buffered (`max_inflight_body_bytes`).
     body_room: Arc<tokio::sync::Semaphore>,
+    /// One permit per CPU-heavy projection running on the blocking pool (one per worker):
+    /// images decoded, checked and downscaled, large outputs paged and hashed.
+    heavy: Arc<tokio::sync::Semaphore>,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -191,6 +194,7 @@ impl Server {
         let body_room = usize::try_from(config.max_inflight_body_bytes)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let heavy = config.workers();
         Ok(Server {
             shared: Arc::new(Shared {
                 config,
@@ -209,6 +213,7 @@ impl Server {
                     .build(),
                 connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
                 body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
+                heavy: Arc::new(tokio::sync::Semaphore::new(heavy)),
             }),
             proxy,
             admin,

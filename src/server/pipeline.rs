@@ -95,26 +95,45 @@ impl App {
             .read_view(&body)
             .map_err(|e| GatewayError::BadJson(e.to_string()))?;
         let (route, tenant) = self.route(dialect, &view, &parts.headers, ctx)?;
-        let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
+        let shape = read::Shape::of_view(&view);
+        let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
         let mut session = None;
         let mut state = SessionState::default();
-        if prepared.has_images() {
+        let mut projection = if is_heavy(&view) {
+            // Images to decode and check (or downscale), or a large body to page and hash: on
+            // the blocking pool, so this worker's other connections keep moving.
             (session, state) = self
                 .load_session(&parts.headers, &tenant, &view, route, ctx)
                 .await;
-        }
-        let shape = read::Shape::of_view(&view);
-        let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
-        let mut projection = projection::project_prepared(
-            &view,
-            &projection::Context {
-                tenant: &tenant,
-                policy: route.config.policy(&read_tool),
-                memo: &self.memo,
-                state: &state,
-            },
-            prepared,
-        );
+            let job = Planning {
+                dialect,
+                body: body.clone(),
+                tenant: tenant.clone(),
+                route: route.config.clone(),
+                read_tool: read_tool.clone(),
+                state,
+            };
+            let (projection, planned) = self.off_thread(job).await?;
+            state = planned;
+            projection
+        } else {
+            let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
+            if prepared.has_images() {
+                (session, state) = self
+                    .load_session(&parts.headers, &tenant, &view, route, ctx)
+                    .await;
+            }
+            projection::project_prepared(
+                &view,
+                &projection::Context {
+                    tenant: &tenant,
+                    policy: route.config.policy(&read_tool),
+                    memo: &self.memo,
+                    state: &state,
+                },
+                prepared,
+            )
+        };
         // C1, C5: a request sluice changes nothing in gets no tool (P1).
         let accepts_images = route.config.policy(&read_tool).accepts_images;
         let offer = route.config.max_read_steps > 0
@@ -203,6 +222,42 @@ impl App {
             response.headers_mut().insert(PROJECTION, value);
         }
         Ok(response)
+    }
+
+    /// Stages 4 and 6 on the blocking pool, at most one job per worker at a time: the view is
+    /// read again there from the same bytes (a scan, far cheaper than the work it moves).
+    async fn off_thread(
+        &self,
+        job: Planning,
+    ) -> Result<(projection::Projection, SessionState), GatewayError> {
+        let _permit = self
+            .heavy
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| GatewayError::Internal)?;
+        let shared = self.shared.clone();
+        let planned = tokio::task::spawn_blocking(move || {
+            let view = job.dialect.read_view(&job.body).ok()?;
+            let prepared = projection::Prepared::new(&view, &job.tenant, &shared.memo);
+            let projection = projection::project_prepared(
+                &view,
+                &projection::Context {
+                    tenant: &job.tenant,
+                    policy: job.route.policy(&job.read_tool),
+                    memo: &shared.memo,
+                    state: &job.state,
+                },
+                prepared,
+            );
+            Some((projection, job.state))
+        })
+        .await;
+        match planned {
+            Ok(Some(planned)) => Ok(planned),
+            // The bytes were read into a view before: a second reading cannot fail.
+            Ok(None) | Err(_) => Err(GatewayError::Internal),
+        }
     }
 
     /// Stage 1: the body, read within its limits and decoded; what is forwarded goes out
@@ -335,6 +390,31 @@ impl App {
             }
         }
     }
+}
+
+/// Bodies from this size on are projected on the blocking pool: paging and hashing a tool
+/// output of a few megabytes takes milliseconds.
+const HEAVY_BODY_BYTES: usize = 1024 * 1024;
+
+/// Whether projecting the request is CPU-heavy: it may carry images (decoded, checked, perhaps
+/// downscaled), or it is large.
+fn is_heavy(view: &RequestView<'_>) -> bool {
+    view.body.len() >= HEAVY_BODY_BYTES
+        || !view.user_images.is_empty()
+        || view
+            .tool_results
+            .iter()
+            .any(|r| projection::attach::extract::may_hold_images(r.content.get()))
+}
+
+/// What planning on the blocking pool takes with it.
+struct Planning {
+    dialect: Dialect,
+    body: Bytes,
+    tenant: Tenant,
+    route: crate::config::RouteConfig,
+    read_tool: String,
+    state: SessionState,
 }
 
 /// The read tool's name in this request: the route's, with a suffix when a client tool has that
