@@ -410,6 +410,64 @@ async fn three_reads_then_an_answer_in_every_dialect_streamed_and_not_c1_c2_c3()
     }
 }
 
+/// A9 with the read rounds: a streaming client that hangs up as soon as it has the stream's
+/// final event (Codex does) still commits the request, the hidden rounds' link included — the
+/// next turn carries them.
+#[tokio::test]
+async fn a_client_that_hangs_up_after_the_final_event_still_commits_a9_c3() {
+    let output = tool_output(150_000);
+    for d in ALL {
+        let mock = MockUpstream::start();
+        let sluice = Sluice::start(&config(&mock, ""));
+        let first = d.request(true, &output);
+        mock.script(reads_three_then_answers());
+        let mut response = client()
+            .post(sluice.url(d.path()))
+            .bearer_auth("key-a")
+            .json(&first)
+            .send()
+            .await
+            .unwrap();
+        let last = match d {
+            D::Chat => "[DONE]",
+            D::Responses => "response.completed",
+            D::Anthropic => "message_stop",
+        };
+        let mut text = String::new();
+        while !text.contains(last) {
+            let chunk = response.chunk().await.unwrap().expect("the final event");
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        // Wait for the whole final event, then hang up without reading the end of the body.
+        while !text.ends_with("\n\n") {
+            let chunk = response
+                .chunk()
+                .await
+                .unwrap()
+                .expect("the final event's end");
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        drop(response);
+        commits(&sluice, 1.0).await;
+        let m = sluice.metrics().await;
+        assert_eq!(
+            metric(&m, "sluice_commits_total{outcome=\"discarded\"}"),
+            0.0,
+            "{d:?}"
+        );
+        let got = from_stream(d, &text);
+        let second = d.next_turn(first.clone(), &got.items, "thanks, fix it");
+        mock.script([Reply::Text("ok".into())]);
+        let (status, _) = send(&sluice, d, &second).await;
+        assert_eq!(status, 200, "{d:?}");
+        assert_eq!(
+            pages(&mock.last().json()),
+            4,
+            "{d:?}: the hidden rounds are spliced back"
+        );
+    }
+}
+
 /// The step limit holds: past `max_read_steps` rounds the model is asked with tool_choice
 /// "none", and whatever it says then is the answer.
 #[tokio::test]

@@ -343,11 +343,20 @@ impl App {
         route: &Route,
     ) -> Result<(), GatewayError> {
         let (mut spilled, mut spilled_bytes) = (0u64, 0u64);
-        for spill in spills {
-            let stored = self
-                .artifacts
-                .put(tenant, &spill.id, spill.bytes.clone())
-                .await;
+        // Written side by side, each durable on its own (docs/runtime.md).
+        let mut stored = Vec::with_capacity(spills.len());
+        for chunk in spills.chunks(PARALLEL_WRITES) {
+            let mut writes = Vec::with_capacity(chunk.len());
+            for spill in chunk {
+                writes.push(self.artifacts.put(tenant, &spill.id, spill.bytes.clone()));
+            }
+            stored.extend(
+                chunk
+                    .iter()
+                    .zip(futures_util::future::join_all(writes).await),
+            );
+        }
+        for (spill, stored) in stored {
             match (stored, spill.id.kind) {
                 (Ok(()), _) => {}
                 (Err(e), ArtifactKind::Text) => {
@@ -391,6 +400,9 @@ impl App {
         }
     }
 }
+
+/// Artifact writes of one request in flight at once.
+const PARALLEL_WRITES: usize = 8;
 
 /// Bodies from this size on are projected on the blocking pool: paging and hashing a tool
 /// output of a few megabytes takes milliseconds.

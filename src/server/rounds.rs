@@ -13,7 +13,7 @@ use http::header::{self, HeaderMap};
 use http::{Method, Response};
 use http_body::Frame;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::commit::{Commit, WholeBody};
 use super::{App, Body, Context, InFlight};
@@ -259,19 +259,13 @@ impl App {
             Ok(Some(chunk)) => Some(Bytes::from(stitch.feed(&chunk))),
             _ => None,
         };
-        let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(16);
-        // A completed stream's commit, settled by the body once the client has taken the end.
-        let (done_tx, done) = oneshot::channel::<Commit>();
+        let (tx, rx) = mpsc::channel::<Result<Piece, BoxError>>(16);
         let app = self.clone();
         let request_id = ctx.request_id.clone();
         let dialect_name = ctx.dialect;
         let mut job = job;
         self.commits.spawn(async move {
             let outcome = app.stream_rounds(&mut job, started, stitch, &tx).await;
-            if outcome == StreamOutcome::Completed {
-                // Before the stream's end: the body finds it there when it ends.
-                let _ = done_tx.send(job.commit);
-            }
             drop(tx);
             app.metrics
                 .streams_total
@@ -287,7 +281,6 @@ impl App {
         let body = ChannelBody {
             first: first.filter(|b| !b.is_empty()),
             rx,
-            done,
         };
         let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(body));
         *response.status_mut() = status;
@@ -300,7 +293,7 @@ impl App {
         job: &mut Job,
         mut started: Started,
         mut stitch: Stitcher,
-        tx: &mpsc::Sender<Result<Bytes, BoxError>>,
+        tx: &mpsc::Sender<Result<Piece, BoxError>>,
     ) -> StreamOutcome {
         let mut rounds = Rounds::default();
         let mut body = job.body.clone();
@@ -309,13 +302,13 @@ impl App {
                 match started.next_chunk().await {
                     Ok(Some(chunk)) => {
                         let out = stitch.feed(&chunk);
-                        if !out.is_empty() && tx.send(Ok(out.into())).await.is_err() {
+                        if !out.is_empty() && tx.send(Ok(Piece::of(out))).await.is_err() {
                             return StreamOutcome::Cancelled;
                         }
                     }
                     Ok(None) => {
                         let out = stitch.upstream_ended();
-                        if !out.is_empty() && tx.send(Ok(out.into())).await.is_err() {
+                        if !out.is_empty() && tx.send(Ok(Piece::of(out))).await.is_err() {
                             return StreamOutcome::Cancelled;
                         }
                         break;
@@ -362,11 +355,11 @@ impl App {
                         failed.status,
                         String::from_utf8_lossy(&detail[..detail.len().min(2000)])
                     );
-                    let _ = tx.send(Ok(stitch.error(&message).into())).await;
+                    let _ = tx.send(Ok(Piece::of(stitch.error(&message)))).await;
                     return StreamOutcome::UpstreamError;
                 }
                 Err(e) => {
-                    let _ = tx.send(Ok(stitch.error(&e.to_string()).into())).await;
+                    let _ = tx.send(Ok(Piece::of(stitch.error(&e.to_string())))).await;
                     return StreamOutcome::UpstreamError;
                 }
             }
@@ -375,10 +368,17 @@ impl App {
             .read_rounds
             .observe(rounds.answered.len() as f64);
         let tail = stitch.finish(&rounds.outputs);
-        if tx.send(Ok(tail.into())).await.is_err() {
+        // The link of the hidden rounds joins the commit, which goes with the stream's final
+        // events: settled when they are handed to the client (A9), as the relay does; a client
+        // gone before then (the piece comes back unsent and is dropped) commits nothing.
+        self.remember(job, &rounds).await;
+        let last = Piece {
+            bytes: Bytes::from(tail),
+            commit: Some(std::mem::replace(&mut job.commit, Commit::none())),
+        };
+        if tx.send(Ok(last)).await.is_err() {
             return StreamOutcome::Cancelled;
         }
-        self.remember(job, &rounds).await;
         StreamOutcome::Completed
     }
 
@@ -575,12 +575,26 @@ fn respond(
     response
 }
 
+/// What the task that stitches the rounds sends the client's body: bytes, and with the stream's
+/// final events, the request's commit.
+struct Piece {
+    bytes: Bytes,
+    commit: Option<Commit>,
+}
+
+impl Piece {
+    fn of(bytes: Vec<u8>) -> Piece {
+        Piece {
+            bytes: Bytes::from(bytes),
+            commit: None,
+        }
+    }
+}
+
 /// A response body: the first stitched chunk, then what the task that stitches the rounds sends.
 struct ChannelBody {
     first: Option<Bytes>,
-    rx: mpsc::Receiver<Result<Bytes, BoxError>>,
-    /// The commit of a stream that completed, settled when the client has taken its end (A9).
-    done: oneshot::Receiver<Commit>,
+    rx: mpsc::Receiver<Result<Piece, BoxError>>,
 }
 
 impl http_body::Body for ChannelBody {
@@ -595,14 +609,21 @@ impl http_body::Body for ChannelBody {
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
-        match this.rx.poll_recv(cx) {
-            Poll::Ready(None) => {
-                if let Ok(commit) = this.done.try_recv() {
-                    commit.settle(true);
+        loop {
+            return match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(piece))) => {
+                    if let Some(commit) = piece.commit {
+                        commit.settle(true);
+                    }
+                    if piece.bytes.is_empty() {
+                        continue;
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(piece.bytes))))
                 }
-                Poll::Ready(None)
-            }
-            other => other.map(|next| next.map(|r| r.map(Frame::data))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            };
         }
     }
 }
