@@ -52,6 +52,7 @@ pub(super) struct Job {
 }
 
 /// What is left of a request's image budgets, and the per-image limits.
+#[derive(Clone, Copy)]
 pub(super) struct ImageRoom {
     pub accepts: bool,
     pub count: usize,
@@ -420,7 +421,7 @@ impl App {
                     }
                 }
                 read::Request::Image(id) => match self.artifacts.get(&job.tenant, &id).await {
-                    Ok(Some(bytes)) => reshow(&mut job.images, id, bytes),
+                    Ok(Some(bytes)) => self.reshow_off_thread(&mut job.images, id, bytes).await,
                     Ok(None) => (expired(&id), None, "expired"),
                     Err(e) => store_unavailable(&e),
                 },
@@ -472,6 +473,36 @@ impl App {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot store hidden read rounds; later turns will not show them");
             }
+        }
+    }
+}
+
+impl App {
+    /// [`reshow`] on the blocking pool (the image is checked from its bytes and encoded), as
+    /// heavy projection is: the worker goes on relaying meanwhile.
+    async fn reshow_off_thread(
+        &self,
+        room: &mut ImageRoom,
+        id: crate::store::ArtifactId,
+        bytes: Bytes,
+    ) -> (String, Option<read::Image>, &'static str) {
+        let _permit = self.heavy.clone().acquire_owned().await;
+        let mut left = *room;
+        let shown = tokio::task::spawn_blocking(move || {
+            let shown = reshow(&mut left, id, bytes);
+            (left, shown)
+        })
+        .await;
+        match shown {
+            Ok((left, shown)) => {
+                *room = left;
+                shown
+            }
+            Err(_) => (
+                format!("[sluice: artifact://{id} cannot be shown again: it could not be read]"),
+                None,
+                "image_refused",
+            ),
         }
     }
 }

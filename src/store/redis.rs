@@ -1,6 +1,8 @@
 //! The shared backend (SPEC S1, S2): artifacts and session state in Redis (≥ 6, or Valkey), so
-//! any replica serves any session. One multiplexed connection per process, reconnecting on its
-//! own after a Redis restart. Keys expire after `idle_ttl_seconds` without use.
+//! any replica serves any session. Two multiplexed connections per process, each reconnecting on
+//! its own after a Redis restart: one for session state and health checks, one for artifacts,
+//! so a session load never waits behind a large artifact. Keys expire after
+//! `idle_ttl_seconds` without use.
 //!
 //! Keys: `sluice:a:<tenant namespace>:<artifact id>` (bytes); per session `sluice:s:<session>`
 //! (a hash of live attachment identity → status and lifetime), `sluice:s:<session>:released`
@@ -63,7 +65,10 @@ return 1
 
 #[derive(Clone)]
 pub struct RedisStore {
+    /// Session state and health checks: small, and never queued behind an artifact.
     conn: ConnectionManager,
+    /// Artifacts, up to tens of megabytes each.
+    blobs: ConnectionManager,
     ttl: u64,
     merge: std::sync::Arc<redis::Script>,
 }
@@ -77,16 +82,24 @@ impl RedisStore {
     /// is reconnected to.
     pub async fn connect(url: &str, ttl: Duration) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(err)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_with_config(client, config)
+        let config = |response: u64| {
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_response_timeout(Some(Duration::from_secs(response)))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_secs(1))
+        };
+        let conn = ConnectionManager::new_with_config(client.clone(), config(2))
+            .await
+            .map_err(err)?;
+        // A multiplexed connection answers in order: an artifact of 30 MB in front of a session
+        // load would hold it up, so artifacts have their own (with time for their size).
+        let blobs = ConnectionManager::new_with_config(client, config(10))
             .await
             .map_err(err)?;
         Ok(RedisStore {
             conn,
+            blobs,
             ttl: ttl.as_secs().max(1),
             merge: std::sync::Arc::new(redis::Script::new(MERGE)),
         })
@@ -140,7 +153,7 @@ fn decode(value: &str) -> Option<Record> {
 
 impl ArtifactStore for RedisStore {
     async fn put(&self, tenant: &Tenant, id: &ArtifactId, bytes: Bytes) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.blobs.clone();
         let key = Self::artifact_key(tenant, id);
         // SET NX: content-addressed, the first writer wins and later ones change nothing; the
         // expiry is refreshed either way.
@@ -160,7 +173,7 @@ impl ArtifactStore for RedisStore {
     }
 
     async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.blobs.clone();
         let key = Self::artifact_key(tenant, id);
         let found: Option<Vec<u8>> = redis::cmd("GETEX")
             .arg(&key)
