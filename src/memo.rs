@@ -11,8 +11,8 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::image::{Checked, Refusal};
-use crate::projection::attach::extract::{self, Extracted};
-use crate::projection::attach::{self, Item, Media};
+use crate::projection::attach::extract::Extracted;
+use crate::projection::attach::{Item, Media};
 use crate::projection::exit::Memoized;
 use crate::projection::memos::{Fresh, Memos};
 use crate::tenant::Tenant;
@@ -122,10 +122,19 @@ impl Memos for Memo {
             .get_with(key, || Fresh.tool_images(content, tenant))
     }
 
+    fn known_tool_images(
+        &self,
+        content: &RawValue,
+        tenant: &Tenant,
+    ) -> Option<Option<Arc<Extracted>>> {
+        self.extracted
+            .get(&self.key(tenant, &[content.get().as_bytes()]))
+    }
+
     fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
         let key = self.key(tenant, &[&(k as u64).to_le_bytes(), part.get().as_bytes()]);
         self.users
-            .get_with(key, || extract::user_part(part, k, tenant).map(Arc::new))
+            .get_with(key, || Fresh.user_image(part, k, tenant))
     }
 
     fn glob_matches(&self, pattern: &str, name: &str) -> bool {
@@ -150,6 +159,6 @@ impl Memos for Memo {
             max_bytes,
         );
         self.shrunk
-            .get_with(key, || attach::shrink(image, max_dimension, max_bytes))
+            .get_with(key, || Fresh.shrink(image, max_dimension, max_bytes))
     }
 }

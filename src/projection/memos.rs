@@ -20,6 +20,13 @@ pub trait Memos: Sync {
     fn page(&self, key: u128) -> Option<Memoized>;
     /// The images of a tool result (`None`: it holds none).
     fn tool_images(&self, content: &RawValue, tenant: &Tenant) -> Option<Arc<Extracted>>;
+    /// What [`Memos::tool_images`] answered for this content before, if it is remembered;
+    /// computes nothing.
+    fn known_tool_images(
+        &self,
+        content: &RawValue,
+        tenant: &Tenant,
+    ) -> Option<Option<Arc<Extracted>>>;
     /// A user message's image part, number `k` of its message, checked.
     fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>>;
     /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
@@ -50,6 +57,10 @@ impl Memos for Fresh {
         extract::may_hold_images(content.get())
             .then(|| extract::tool_result(content, tenant).map(Arc::new))
             .flatten()
+    }
+
+    fn known_tool_images(&self, _: &RawValue, _: &Tenant) -> Option<Option<Arc<Extracted>>> {
+        None
     }
 
     fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {

@@ -175,6 +175,34 @@ impl Prepared {
         Prepared { extracted, users }
     }
 
+    /// The request's images found cheaply when it carries none: every tool result is one the
+    /// memo knows holds no image, or a new one without an image marker (remembered now).
+    /// `None` when it has a user image, or a tool result that holds images or may: finding and
+    /// checking them is CPU work (docs/runtime.md).
+    pub fn without_images(
+        view: &RequestView<'_>,
+        tenant: &Tenant,
+        memo: &dyn Memos,
+    ) -> Option<Prepared> {
+        if !view.user_images.is_empty() {
+            return None;
+        }
+        for result in &view.tool_results {
+            match memo.known_tool_images(result.content, tenant) {
+                Some(None) => {}
+                Some(Some(_)) => return None,
+                None if attach::extract::may_hold_images(result.content.get()) => return None,
+                None => {
+                    memo.tool_images(result.content, tenant);
+                }
+            }
+        }
+        Some(Prepared {
+            extracted: vec![None; view.tool_results.len()],
+            users: Vec::new(),
+        })
+    }
+
     /// Whether the request carries any image, and so needs its session's delivery state.
     pub fn has_images(&self) -> bool {
         self.extracted.iter().any(Option::is_some) || self.users.iter().any(Option::is_some)
@@ -557,6 +585,43 @@ mod tests {
             !String::from_utf8_lossy(&splice(&Bytes::from(body.clone()), p.edits).unwrap())
                 .contains("sluice/lifetime"),
             "hint stripped"
+        );
+    }
+
+    #[test]
+    fn only_requests_without_images_are_prepared_cheaply() {
+        let tenant = Tenant::from_credential(b"k");
+        let memo = Memo::default();
+        let chat = |content: serde_json::Value| {
+            serde_json::json!({"model": "m", "messages": [
+                {"role": "tool", "tool_call_id": "a", "content": content}]})
+            .to_string()
+        };
+        let text = chat(serde_json::json!("plain output"));
+        let view = Dialect::OpenAiChat.read_view(text.as_bytes()).unwrap();
+        let light = Prepared::without_images(&view, &tenant, &memo).unwrap();
+        assert!(!light.has_images());
+        // Remembered now: the next turn costs a lookup, no search.
+        let content = view.tool_results[0].content;
+        assert!(matches!(
+            memo.known_tool_images(content, &tenant),
+            Some(None)
+        ));
+        let png = crate::image::tests::encode(
+            &crate::image::tests::picture(4, 4),
+            ::image::ImageFormat::Png,
+        );
+        use base64::Engine;
+        let data = base64::engine::general_purpose::STANDARD.encode(&png);
+        let image = chat(
+            serde_json::json!([{"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{data}")}}]),
+        );
+        let view = Dialect::OpenAiChat.read_view(image.as_bytes()).unwrap();
+        assert!(Prepared::without_images(&view, &tenant, &memo).is_none());
+        assert!(Prepared::new(&view, &tenant, &memo).has_images());
+        assert!(
+            Prepared::without_images(&view, &tenant, &memo).is_none(),
+            "known to hold images"
         );
     }
 

@@ -99,7 +99,23 @@ impl App {
         let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
         let mut session = None;
         let mut state = SessionState::default();
-        let mut projection = if is_heavy(&view) {
+        let policy = route.config.policy(&read_tool);
+        let light = (body.len() < HEAVY_BODY_BYTES)
+            .then(|| projection::Prepared::without_images(&view, &tenant, &self.memo))
+            .flatten();
+        let mut projection = if let Some(prepared) = light {
+            // No image and a small body: projected here, and no session is needed for it.
+            projection::project_prepared(
+                &view,
+                &projection::Context {
+                    tenant: &tenant,
+                    policy,
+                    memo: &self.memo,
+                    state: &state,
+                },
+                prepared,
+            )
+        } else {
             // Images to decode and check (or downscale), or a large body to page and hash: on
             // the blocking pool, so this worker's other connections keep moving.
             (session, state) = self
@@ -116,26 +132,9 @@ impl App {
             let (projection, planned) = self.off_thread(job).await?;
             state = planned;
             projection
-        } else {
-            let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
-            if prepared.has_images() {
-                (session, state) = self
-                    .load_session(&parts.headers, &tenant, &view, route, ctx)
-                    .await;
-            }
-            projection::project_prepared(
-                &view,
-                &projection::Context {
-                    tenant: &tenant,
-                    policy: route.config.policy(&read_tool),
-                    memo: &self.memo,
-                    state: &state,
-                },
-                prepared,
-            )
         };
         // C1, C5: a request sluice changes nothing in gets no tool (P1).
-        let accepts_images = route.config.policy(&read_tool).accepts_images;
+        let accepts_images = policy.accepts_images;
         let offer = route.config.max_read_steps > 0
             && (projection.summary.spilled > 0 || (projection.rereadable > 0 && accepts_images));
         let mut tool = None;
@@ -407,17 +406,6 @@ const PARALLEL_WRITES: usize = 8;
 /// Bodies from this size on are projected on the blocking pool: paging and hashing a tool
 /// output of a few megabytes takes milliseconds.
 const HEAVY_BODY_BYTES: usize = 1024 * 1024;
-
-/// Whether projecting the request is CPU-heavy: it may carry images (decoded, checked, perhaps
-/// downscaled), or it is large.
-fn is_heavy(view: &RequestView<'_>) -> bool {
-    view.body.len() >= HEAVY_BODY_BYTES
-        || !view.user_images.is_empty()
-        || view
-            .tool_results
-            .iter()
-            .any(|r| projection::attach::extract::may_hold_images(r.content.get()))
-}
 
 /// What planning on the blocking pool takes with it.
 struct Planning {
