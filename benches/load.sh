@@ -6,6 +6,8 @@
 #      proxy process (sluice, or nginx's workers) and sluice's peak RSS.
 # For a small chat request and a ~200 KB agent request with 30 tool turns, streamed and not.
 # The mock is nginx returning a fixed answer (JSON, or SSE when the x-mock-stream header is set).
+#  (c) PARTS=balance: connection patterns (1/2/8/64) per balancing design, with per-thread
+#      CPU shares (BALANCES, BAL_PAYLOAD, BAL_MODE choose what runs).
 # Traffic goes to 127.0.0.1 only. Usage: benches/load.sh [DURATION_SECONDS] (default 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ RATE=${RATE:-1000}
 CONNS=${CONNS:-32}
 PAYLOADS=${PAYLOADS:-small agent}   # subsets for quick looks, e.g. PAYLOADS=small MODES=json
 MODES=${MODES:-json stream}
-PARTS=${PARTS:-latency throughput}
+PARTS=${PARTS:-latency throughput balance}
 
 command -v oha >/dev/null || cargo install oha --locked
 if ! command -v nginx >/dev/null; then
@@ -88,9 +90,14 @@ name = "mock"
 dialects = ["openai-chat", "openai-responses", "anthropic-messages"]
 upstream = "http://$MOCK"
 TOML
-SLUICE_LOG=warn ./target/release/sluice serve --config "$work/sluice.toml" &
-SLUICE_PID=$!
-for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
+# (Re)starts sluice with the given connection balancing (SLUICE_BALANCE, docs/runtime.md).
+start_sluice() {
+  if [ -n "${SLUICE_PID:-}" ]; then kill "$SLUICE_PID"; wait "$SLUICE_PID" 2>/dev/null || true; fi
+  SLUICE_BALANCE=$1 SLUICE_LOG=warn "${SLUICE_BIN:-./target/release/sluice}" serve --config "$work/sluice.toml" &
+  SLUICE_PID=$!
+  for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
+}
+start_sluice least
 
 TICKS=$(getconf CLK_TCK)
 # CPU seconds (user + system) of the given pids.
@@ -106,6 +113,18 @@ run() { # target payload mode [extra oha args...] -> oha JSON on stdout
     "${hdr[@]}" "$@" "$(url "$target")/v1/chat/completions"
 }
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+# Per-thread CPU ticks of a process (or of several): "pid/tid ticks" lines.
+threads() { for p in "$@"; do for t in /proc/"$p"/task/*; do
+  echo "$p/${t##*/} $(sed 's/.*) //' "$t/stat" | cut -d' ' -f12,13 | tr ' ' '+' | bc)"; done; done; }
+# The largest share of the CPU that one thread took between two `threads` snapshots.
+top_share() { python3 - "$1" "$2" <<'PY'
+import sys
+def load(p): return dict(l.split() for l in open(p) if l.strip())
+a, b = load(sys.argv[1]), load(sys.argv[2])
+d = [int(v) - int(a.get(k, 0)) for k, v in b.items()]
+print(round(max(d) / max(sum(d), 1), 2))
+PY
+}
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; $(uname -sr); $(date -u +%F)"
 echo
@@ -146,6 +165,33 @@ for payload in $PAYLOADS; do for mode in $MODES; do
   cratio=$(python3 -c "print(round(${cpr[sluice]} / max(${cpr[nginx]}, 1e-9), 2))")
   echo "| $payload | $mode | ${rps[direct]} | ${rps[sluice]} | ${rps[nginx]} | $ratio | ${cpr[sluice]} | ${cpr[nginx]} | $cratio |"
 done; done
+fi
+
+# (c) Balance: one payload at 1, 2, 8 and 64 keep-alive connections through each way of
+# spreading connections over the workers, and nginx; req/s, CPU per request and the largest
+# share of the proxy's CPU taken by one thread.
+if [[ " $PARTS " == *" balance "* ]]; then
+BAL_PAYLOAD=${BAL_PAYLOAD:-agent} BAL_MODE=${BAL_MODE:-json}
+echo
+echo "balance, $BAL_PAYLOAD $BAL_MODE:"
+echo
+echo "| design | connections | req/s | CPU ms/req | top thread share |"
+echo "|---|---|---|---|---|"
+for design in ${BALANCES:-least shared reuseport threads} nginx; do
+  [ "$design" = nginx ] || start_sluice "$design"
+  target=sluice; [ "$design" = nginx ] && target=nginx
+  for c in 1 2 8 64; do
+    ps=$(pids "$target")
+    threads $ps > "$work/t0"; before=$(cpu $ps)
+    out=$(run "$target" "$BAL_PAYLOAD" "$BAL_MODE" -c "$c")
+    after=$(cpu $ps); threads $ps > "$work/t1"
+    n=$(echo "$out" | field "int(d['summary']['requestsPerSec'] * d['summary']['total'])")
+    r=$(echo "$out" | field "round(d['summary']['requestsPerSec'])")
+    cp=$(python3 -c "print(round(($after - $before) / $TICKS * 1000 / max($n, 1), 4))")
+    echo "| $design | $c | $r | $cp | $(top_share "$work/t0" "$work/t1") |"
+  done
+done
+start_sluice least
 fi
 
 echo

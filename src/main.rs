@@ -7,6 +7,11 @@ use clap::{Parser, Subcommand};
 use sluice::config::Config;
 use sluice::server::Server;
 
+/// jemalloc, configured in `.cargo/config.toml`: memory freed after a burst of large requests
+/// goes back to the system (docs/runtime.md has the measurements against glibc's malloc).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",

@@ -105,6 +105,70 @@ async fn past_max_connections_sluice_stops_accepting_and_serves_in_turn() {
     }
 }
 
+/// Sends a whole request (head and a JSON body of `length` bytes) on a new connection, then
+/// reads the answer to the end: (status line and headers, body).
+async fn send_whole(sluice: &Sluice, length: usize) -> (String, String) {
+    let mut stream = TcpStream::connect(sluice.proxy).await.unwrap();
+    let text = "x".repeat(length - 60);
+    let body = format!(r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{text}"}}]}}"#);
+    let body = format!("{body}{}", " ".repeat(length - body.len()));
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: sluice\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // Fails with a broken pipe if sluice stops reading and closes before the body is in.
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let (text, closed) = read_to_close(&mut stream, Duration::from_secs(30)).await;
+    assert!(closed, "{text}");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+#[tokio::test]
+async fn a_body_with_no_room_waits_then_gets_503_with_retry_after_and_can_read_it() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "max_body_bytes = 40000000\nmax_inflight_body_bytes = 40000000\nrequest_body_timeout_seconds = 60",
+    ));
+    // A body declared at 30 MB takes its room before it arrives, and keeps arriving (at 2 KiB/s,
+    // above the pace rule) for longer than a waiting body's 10 s.
+    let mut holder = trickle(&sluice, "/v1/messages", 30_000_000, 10).await;
+    let feed = async move {
+        for _ in 0..24 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if holder.write_all(&[b' '; 1024]).await.is_err() {
+                break;
+            }
+        }
+        holder
+    };
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        let (head, body) = send_whole(&sluice, 20_000_000).await;
+        (head, body, started.elapsed())
+    };
+    let (holder, (head, body, waited)) = tokio::join!(feed, probe);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    assert!(waited >= Duration::from_secs(9), "{waited:?}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "api_error");
+    assert!(mock.requests().iter().all(|r| r.uri != "/v1/messages"));
+    // Once the room is free again, the same request goes through.
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (head, _) = send_whole(&sluice, 20_000_000).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let m = sluice.metrics().await;
+    assert_eq!(metric(&m, "sluice_errors_total{kind=\"overloaded\"}"), 1.0);
+}
+
 #[test]
 fn values_sluice_cannot_honour_are_refused_by_check_config() {
     for (line, key) in [

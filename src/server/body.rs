@@ -16,8 +16,10 @@ use super::{Body, BODY_GRACE, BODY_MIN_BYTES_PER_SECOND, BODY_ROOM_WAIT};
 /// Reads a request body, refusing it as soon as it passes `limit` bytes (P4: 413), and at once
 /// when its declared length already does; one that has not fully arrived within `timeout` gets
 /// 408. Each chunk takes its room under `max_inflight_body_bytes` (`room`) first: the permit
-/// returned holds it until dropped; no room within [`BODY_ROOM_WAIT`] is a 503. A single-chunk
-/// body is kept without a copy.
+/// returned holds it until dropped; no room within [`BODY_ROOM_WAIT`] is a 503, after the rest
+/// of the body is read and dropped (so the client can read the answer). A single-chunk body is
+/// kept without a copy; a longer one is copied into one buffer as it arrives (sized by its
+/// `content-length`), so the body never takes twice its size.
 pub(super) async fn read_body(
     mut incoming: Incoming,
     headers: &http::HeaderMap,
@@ -41,8 +43,20 @@ pub(super) async fn read_body(
             + BODY_GRACE
             + Duration::from_millis(total.saturating_mul(1000) / BODY_MIN_BYTES_PER_SECOND)
     };
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    // A body of declared length takes its whole room before a byte is read: bodies admitted
+    // together can all finish, instead of each holding part of the room waiting for the rest.
+    let mut held = match declared {
+        Some(n) => match take_room(room, n, room_deadline).await {
+            Some(permit) => Some(permit),
+            None => {
+                drain_within(incoming, limit, BODY_ROOM_WAIT).await;
+                return Err(GatewayError::Overloaded);
+            }
+        },
+        None => None,
+    };
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
     let mut total = 0u64;
     loop {
         let until = deadline.min(paced(total));
@@ -67,24 +81,53 @@ pub(super) async fn read_body(
             drain(incoming).await;
             return Err(GatewayError::BodyTooLarge { limit });
         }
-        let wanted = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        let permit =
-            tokio::time::timeout_at(room_deadline, room.clone().acquire_many_owned(wanted));
-        match permit.await {
-            Ok(Ok(permit)) => match &mut held {
+        // Without a declared length, each chunk takes its room as it comes.
+        let wanted = if declared.is_some() {
+            0
+        } else {
+            data.len() as u64
+        };
+        match take_room(room, wanted, room_deadline).await {
+            Some(permit) => match &mut held {
                 Some(held) => held.merge(permit),
                 None => held = Some(permit),
             },
-            _ => return Err(GatewayError::Overloaded),
+            None => {
+                drop((first, joined, held, data));
+                drain_within(incoming, limit, BODY_ROOM_WAIT).await;
+                return Err(GatewayError::Overloaded);
+            }
         }
-        chunks.push(data);
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            None => joined.extend_from_slice(&data),
+            Some(earlier) => {
+                let size = declared.map_or(0, |n| usize::try_from(n).unwrap_or(0));
+                joined.reserve(size.max(earlier.len() + data.len()));
+                joined.extend_from_slice(&earlier);
+                joined.extend_from_slice(&data);
+            }
+        }
     }
-    let body = match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => Bytes::from(chunks.concat()),
-    };
+    let body = first.unwrap_or_else(|| joined.freeze());
     Ok((body, held))
+}
+
+/// `bytes` of room under `max_inflight_body_bytes`, waited for until `deadline`.
+async fn take_room(
+    room: &Arc<tokio::sync::Semaphore>,
+    bytes: u64,
+    deadline: tokio::time::Instant,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let mut left = bytes;
+    let mut held = room.clone().try_acquire_many_owned(0).ok()?;
+    while left > 0 {
+        let piece = u32::try_from(left).unwrap_or(u32::MAX);
+        let permit = tokio::time::timeout_at(deadline, room.clone().acquire_many_owned(piece));
+        held.merge(permit.await.ok()?.ok()?);
+        left -= u64::from(piece);
+    }
+    Some(held)
 }
 
 /// Decodes a compressed request body off the I/O thread, refusing it as soon as its decoded
@@ -120,12 +163,18 @@ pub(super) const DRAIN_MAX_TIME: Duration = Duration::from_secs(2);
 
 /// Reads and drops what is left of a refused body, within [`DRAIN_MAX_BYTES`] and
 /// [`DRAIN_MAX_TIME`]; past either, the connection is closed with the response.
-pub(super) async fn drain(mut incoming: Incoming) {
-    let _ = tokio::time::timeout(DRAIN_MAX_TIME, async move {
+pub(super) async fn drain(incoming: Incoming) {
+    drain_within(incoming, DRAIN_MAX_BYTES, DRAIN_MAX_TIME).await;
+}
+
+/// Reads and drops what is left of a body, up to `max` bytes and `time`. A body turned away
+/// for want of room costs no memory to drain, only the bytes' passage.
+async fn drain_within(mut incoming: Incoming, max: u64, time: Duration) {
+    let _ = tokio::time::timeout(time, async move {
         let mut dropped = 0u64;
         while let Some(Ok(frame)) = incoming.frame().await {
             dropped += frame.data_ref().map_or(0, |d| d.len() as u64);
-            if dropped > DRAIN_MAX_BYTES {
+            if dropped > max {
                 break;
             }
         }

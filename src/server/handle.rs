@@ -125,6 +125,12 @@ impl App {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if matches!(err, GatewayError::Overloaded) {
+            // Bodies in flight are answered within seconds; come back after that.
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         if err.status() == StatusCode::REQUEST_TIMEOUT {
             // The rest of that body is not waited for: the connection ends here.
             response

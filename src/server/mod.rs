@@ -47,7 +47,10 @@ mod workers;
 
 use body::{decode_body, full, plain, read_body};
 use handle::{Context, InFlight};
-use workers::{accept_error, connection_cap, serve_admin, sweep, watch_store, worker};
+use workers::{
+    accept_error, acceptor, connection_cap, serve_admin, sweep, watch_store, worker, Balance,
+    Source,
+};
 
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -140,6 +143,7 @@ pub struct Server {
     shared: Arc<Shared>,
     proxy: std::net::TcpListener,
     admin: TcpListener,
+    balance: Balance,
 }
 
 impl Server {
@@ -176,12 +180,13 @@ impl Server {
                 key: "session.header".into(),
                 message: "is not a valid HTTP header name".into(),
             })?;
-        let proxy = std::net::TcpListener::bind(proxy_addr)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|source| StartError::Bind {
+        let balance = Balance::from_env();
+        let proxy = listen(proxy_addr, balance == Balance::ReusePort).map_err(|source| {
+            StartError::Bind {
                 addr: proxy_addr,
                 source,
-            })?;
+            }
+        })?;
         let admin = TcpListener::bind(admin_addr)
             .await
             .map_err(|source| StartError::Bind {
@@ -217,6 +222,7 @@ impl Server {
             }),
             proxy,
             admin,
+            balance,
         })
     }
 
@@ -235,41 +241,67 @@ impl Server {
     /// Serves until `shutdown` resolves, then drains (O4): stops accepting, reports not-ready,
     /// lets in-flight requests and streams finish up to `drain_timeout_seconds`.
     ///
-    /// The proxy runs on `worker_threads` threads, each with its own single-threaded runtime
-    /// accepting on the shared listener: a connection, its upstream connections and its relay
-    /// all stay on one thread. Decoding compressed request bodies and embedded-store commits go
-    /// to the blocking pool. The admin listener runs on the caller's runtime.
+    /// The proxy runs on `worker_threads` threads, each with its own single-threaded runtime; an
+    /// acceptor on the caller's runtime hands each new connection to the worker serving the
+    /// fewest. A connection, its upstream connections and its relay stay on that worker.
+    /// CPU-heavy projection, decoding compressed request bodies and embedded-store commits go
+    /// to the blocking pool. The admin listener runs on the caller's runtime too.
+    /// (`SLUICE_BALANCE` picks another design, for measurement: docs/runtime.md.)
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let Server {
             shared,
             proxy,
             admin,
+            balance,
         } = self;
-        let workers = shared.config.workers();
+        let workers = match balance {
+            Balance::Threads => 1,
+            _ => shared.config.workers(),
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let (done_tx, mut done_rx) = mpsc::channel::<()>(workers);
+        let admin_tasks = TaskTracker::new();
+        let mut handed = Vec::new();
         for n in 0..workers {
-            let listener = match proxy.try_clone() {
-                Ok(listener) => listener,
+            let load = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let source = match balance {
+                Balance::Least => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    handed.push((tx, load.clone()));
+                    Ok(Source::Handed(rx))
+                }
+                Balance::ReusePort if n > 0 => proxy
+                    .local_addr()
+                    .and_then(|addr| listen(addr, true))
+                    .map(Source::Listener),
+                _ => proxy.try_clone().map(Source::Listener),
+            };
+            let source = match source {
+                Ok(source) => source,
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot share the listener with a worker");
+                    tracing::error!(error = %e, "cannot give a worker its connections");
                     break;
                 }
             };
             let (shared, stop, done) = (shared.clone(), stop_rx.clone(), done_tx.clone());
+            let multi_thread = balance == Balance::Threads;
             let spawned = std::thread::Builder::new()
                 .name(format!("sluice-worker-{n}"))
                 .spawn(move || {
-                    worker(shared, listener, stop);
+                    worker(shared, source, load, multi_thread, stop);
                     drop(done);
                 });
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "cannot start a worker thread");
             }
         }
-        drop((proxy, done_tx));
+        if balance == Balance::Least {
+            admin_tasks.spawn(acceptor(shared.clone(), proxy, handed, stop_rx.clone()));
+        } else {
+            drop(proxy);
+        }
+        drop(done_tx);
         let admin_graceful = GracefulShutdown::new();
-        let admin_tasks = TaskTracker::new();
         admin_tasks.spawn(sweep(shared.clone(), stop_rx.clone()));
         admin_tasks.spawn(watch_store(shared.clone(), stop_rx.clone()));
         let mut shutdown = std::pin::pin!(shutdown);
@@ -311,4 +343,19 @@ impl Server {
         admin_tasks.close();
         tracing::info!("stopped");
     }
+}
+
+/// The proxy's listening socket, non-blocking; with `SO_REUSEPORT` when each worker is to have
+/// its own on the same port.
+fn listen(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }

@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
 use crate::store::session::Sessions;
@@ -71,17 +72,69 @@ pub(super) async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
     }
 }
 
-/// One proxy worker: a single-threaded runtime accepting on its copy of the listener until told
-/// to stop, then draining its own connections up to the drain deadline.
+/// How connections reach the workers (`SLUICE_BALANCE`, for measurement; docs/runtime.md has
+/// the comparison that chose the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Balance {
+    /// One acceptor hands each connection to the worker serving the fewest (the default).
+    Least,
+    /// Every worker accepts on a shared copy of one listening socket: whichever wakes first.
+    Shared,
+    /// Every worker has its own socket on the port (`SO_REUSEPORT`): the kernel hashes each
+    /// connection to one.
+    ReusePort,
+    /// One work-stealing multi-thread runtime of `worker_threads` threads.
+    Threads,
+}
+
+impl Balance {
+    pub(super) fn from_env() -> Balance {
+        match std::env::var("SLUICE_BALANCE").as_deref() {
+            Ok("shared") => Balance::Shared,
+            Ok("reuseport") => Balance::ReusePort,
+            Ok("threads") => Balance::Threads,
+            Ok("least") | Err(_) => Balance::Least,
+            Ok(other) => {
+                tracing::warn!(balance = other, "unknown SLUICE_BALANCE; using least");
+                Balance::Least
+            }
+        }
+    }
+}
+
+/// Where a worker gets its connections.
+pub(super) enum Source {
+    /// It accepts them itself, on its copy of the listener (or its own `SO_REUSEPORT` socket).
+    Listener(std::net::TcpListener),
+    /// The acceptor hands them over, each with its place under `max_connections`.
+    Handed(mpsc::UnboundedReceiver<Handed>),
+}
+
+/// A connection accepted for a worker, with its permit under `max_connections`.
+pub(super) type Handed = (std::net::TcpStream, tokio::sync::OwnedSemaphorePermit);
+
+/// One proxy worker's runtime: single-threaded, or (for [`Balance::Threads`]) a multi-thread
+/// runtime of `worker_threads` threads. Serves its source until told to stop, then drains its
+/// own connections up to the drain deadline. `load` counts the connections it serves.
 pub(super) fn worker(
     shared: Arc<Shared>,
-    listener: std::net::TcpListener,
+    source: Source,
+    load: Arc<AtomicUsize>,
+    multi_thread: bool,
     mut stop: watch::Receiver<bool>,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let built = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(shared.config.workers())
+            .thread_name("sluice-worker")
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(runtime) => runtime,
         Err(e) => {
             tracing::error!(error = %e, "cannot start a worker runtime");
@@ -96,12 +149,15 @@ pub(super) fn worker(
                 return;
             }
         };
-        let listener = match TcpListener::from_std(listener) {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot register the listener");
-                return;
-            }
+        let mut source = match source {
+            Source::Listener(listener) => match TcpListener::from_std(listener) {
+                Ok(listener) => Feed::Listener(listener),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot register the listener");
+                    return;
+                }
+            },
+            Source::Handed(handed) => Feed::Handed(handed),
         };
         let app = Arc::new(App {
             shared,
@@ -111,24 +167,22 @@ pub(super) fn worker(
         let graceful = GracefulShutdown::new();
         let tasks = TaskTracker::new();
         loop {
-            // At the connection cap, stop accepting: new connections wait in the listen queue
-            // instead of failing for want of file descriptors.
-            let permit = tokio::select! {
-                permit = app.connections.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
+            let next = tokio::select! {
+                next = source.next(&app) => next,
                 _ = stop.wait_for(|stop| *stop) => break,
             };
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => serve_proxy(&app, &tasks, &graceful, stream, permit),
-                    Err(e) => accept_error(e).await,
-                },
-                _ = stop.wait_for(|stop| *stop) => break,
+            match next {
+                Next::Connection(stream, permit) => {
+                    if matches!(source, Feed::Listener(_)) {
+                        load.fetch_add(1, Ordering::Relaxed);
+                    }
+                    serve_proxy(&app, &tasks, &graceful, stream, permit, load.clone());
+                }
+                Next::Retry => {}
+                Next::Closed => break,
             }
         }
-        drop(listener);
+        drop(source);
         let deadline = app.config.drain_timeout();
         if tokio::time::timeout(deadline, graceful.shutdown())
             .await
@@ -151,6 +205,116 @@ pub(super) fn worker(
     });
 }
 
+/// A worker's source, registered with its runtime.
+enum Feed {
+    Listener(TcpListener),
+    Handed(mpsc::UnboundedReceiver<Handed>),
+}
+
+enum Next {
+    Connection(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit),
+    /// Accepting failed (and was backed off) or a handed connection could not be registered.
+    Retry,
+    /// The acceptor is gone, or the cap's semaphore was closed.
+    Closed,
+}
+
+impl Feed {
+    async fn next(&mut self, app: &App) -> Next {
+        match self {
+            Feed::Listener(listener) => {
+                // At the connection cap, stop accepting: new connections wait in the listen
+                // queue instead of failing for want of file descriptors.
+                let Ok(permit) = app.connections.clone().acquire_owned().await else {
+                    return Next::Closed;
+                };
+                match listener.accept().await {
+                    Ok((stream, _)) => Next::Connection(stream, permit),
+                    Err(e) => {
+                        accept_error(e).await;
+                        Next::Retry
+                    }
+                }
+            }
+            Feed::Handed(handed) => match handed.recv().await {
+                Some((stream, permit)) => match tokio::net::TcpStream::from_std(stream) {
+                    Ok(stream) => Next::Connection(stream, permit),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register a handed connection");
+                        Next::Retry
+                    }
+                },
+                None => Next::Closed,
+            },
+        }
+    }
+}
+
+/// The acceptor of [`Balance::Least`]: takes each connection (under `max_connections`) and
+/// hands it to the worker serving the fewest, the next one in turn on a tie. Runs until told
+/// to stop; dropping the senders then tells the workers to drain.
+pub(super) async fn acceptor(
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    workers: Vec<(mpsc::UnboundedSender<Handed>, Arc<AtomicUsize>)>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot register the listener");
+            return;
+        }
+    };
+    let mut turn = 0usize;
+    loop {
+        let permit = tokio::select! {
+            permit = shared.connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                accept_error(e).await;
+                continue;
+            }
+        };
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        turn = turn.wrapping_add(1);
+        let loads: Vec<usize> = workers
+            .iter()
+            .map(|w| w.1.load(Ordering::Relaxed))
+            .collect();
+        let Some((to, load)) = least_loaded(&loads, turn).and_then(|i| workers.get(i)) else {
+            return;
+        };
+        // Counted now, so the next connection (accepted before this one is registered) sees it.
+        load.fetch_add(1, Ordering::Relaxed);
+        if to.send((stream, permit)).is_err() {
+            load.fetch_sub(1, Ordering::Relaxed);
+            tracing::error!("a proxy worker stopped; its connection is dropped");
+        }
+    }
+}
+
+/// The worker serving the fewest connections; among equals, the first from `turn` on, so
+/// connections that arrive while all are idle go round the workers.
+fn least_loaded(loads: &[usize], turn: usize) -> Option<usize> {
+    let n = loads.len();
+    (0..n)
+        .map(|i| turn.wrapping_add(i) % n)
+        .min_by_key(|&i| loads.get(i).copied().unwrap_or(usize::MAX))
+}
+
 pub(super) async fn accept_error(e: std::io::Error) {
     // Out of file descriptors and the like: back off briefly instead of spinning.
     tracing::warn!(error = %e, "accept failed");
@@ -163,6 +327,7 @@ pub(super) fn serve_proxy(
     graceful: &GracefulShutdown,
     stream: tokio::net::TcpStream,
     permit: tokio::sync::OwnedSemaphorePermit,
+    load: Arc<AtomicUsize>,
 ) {
     let app = app.clone();
     let open = app.metrics.connections_open.clone();
@@ -170,6 +335,7 @@ pub(super) fn serve_proxy(
     let slot = ConnectionSlot {
         _permit: permit,
         open,
+        load,
     };
     // The handler lives as long as the connection, and the slot with it.
     serve(tasks, graceful, stream, move |req| {
@@ -184,11 +350,14 @@ pub(super) struct ConnectionSlot {
     /// Held for its drop: the permit goes back to the cap.
     _permit: tokio::sync::OwnedSemaphorePermit,
     open: prometheus::IntGauge,
+    /// The serving worker's connection count, which the acceptor balances by.
+    load: Arc<AtomicUsize>,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.open.dec();
+        self.load.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -250,4 +419,26 @@ pub(super) fn serve<H, F>(
             tracing::debug!(error = %e, "connection ended with an error");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::least_loaded;
+
+    #[test]
+    fn connections_go_to_the_least_loaded_worker_and_round_on_ties() {
+        assert_eq!(least_loaded(&[], 0), None);
+        assert_eq!(least_loaded(&[3, 1, 2], 0), Some(1));
+        assert_eq!(least_loaded(&[3, 1, 2], 7), Some(1));
+        // All equal: each turn starts from the next worker.
+        let picks: Vec<_> = (0..4).filter_map(|t| least_loaded(&[0, 0], t)).collect();
+        assert_eq!(picks, vec![0, 1, 0, 1]);
+        // A busy worker is skipped until the others catch up with it.
+        let mut loads = vec![5, 0, 0];
+        for turn in 0..10 {
+            let i = least_loaded(&loads, turn).unwrap();
+            loads[i] += 1;
+        }
+        assert_eq!(loads, vec![5, 5, 5]);
+    }
 }

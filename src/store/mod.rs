@@ -21,6 +21,9 @@ use crate::tenant::Tenant;
 /// Bytes of artifacts kept in memory in front of the store: pages of recently spilled results
 /// are read from here. Bounded, so a burst of large artifacts cannot grow memory without limit.
 const ARTIFACT_CACHE_BYTES: u64 = 32 * 1024 * 1024;
+/// The largest artifact the cache takes: a bigger one would push out everything else (and, as
+/// the cache trims itself only on later use, stay in memory after a burst until then).
+const ARTIFACT_CACHE_MAX_ENTRY: usize = (ARTIFACT_CACHE_BYTES / 4) as usize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -118,7 +121,9 @@ impl<S: ArtifactStore> Artifacts<S> {
         let result = self.backend.put(tenant, id, bytes.clone()).await;
         self.observe("put", start, result.is_ok());
         result?;
-        self.cache.insert(key, bytes);
+        if bytes.len() <= ARTIFACT_CACHE_MAX_ENTRY {
+            self.cache.insert(key, bytes);
+        }
         Ok(())
     }
 
@@ -131,7 +136,10 @@ impl<S: ArtifactStore> Artifacts<S> {
         let result = self.backend.get(tenant, id).await;
         self.observe("get", start, result.is_ok());
         let found = result?;
-        if let Some(bytes) = &found {
+        if let Some(bytes) = found
+            .as_ref()
+            .filter(|b| b.len() <= ARTIFACT_CACHE_MAX_ENTRY)
+        {
             self.cache.insert(key, bytes.clone());
         }
         Ok(found)
@@ -150,5 +158,67 @@ impl<S: ArtifactStore> Artifacts<S> {
             .artifact_store_seconds
             .with_label_values(&[op, if ok { "ok" } else { "error" }])
             .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A backend in memory that counts its reads.
+    #[derive(Default)]
+    struct Counting {
+        gets: AtomicUsize,
+        kept: std::sync::Mutex<Vec<(ArtifactId, Bytes)>>,
+    }
+
+    impl ArtifactStore for Counting {
+        async fn put(&self, _: &Tenant, id: &ArtifactId, bytes: Bytes) -> Result<(), StoreError> {
+            self.kept.lock().unwrap().push((*id, bytes));
+            Ok(())
+        }
+        async fn get(&self, _: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            let kept = self.kept.lock().unwrap();
+            Ok(kept.iter().find(|(k, _)| k == id).map(|(_, b)| b.clone()))
+        }
+        async fn check(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn small_artifacts_are_read_from_the_cache_large_ones_from_the_store() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let artifacts = Artifacts::new(
+            Counting::default(),
+            metrics,
+            std::time::Duration::from_secs(60),
+        );
+        let tenant = Tenant::from_credential(b"k");
+        let small = Bytes::from(vec![b'a'; 1024]);
+        let large = Bytes::from(vec![b'b'; ARTIFACT_CACHE_MAX_ENTRY + 1]);
+        let small_id = ArtifactId::for_content(&tenant, ArtifactKind::Text, &small);
+        let large_id = ArtifactId::for_content(&tenant, ArtifactKind::Text, &large);
+        artifacts
+            .put(&tenant, &small_id, small.clone())
+            .await
+            .unwrap();
+        artifacts
+            .put(&tenant, &large_id, large.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            artifacts.get(&tenant, &small_id).await.unwrap(),
+            Some(small)
+        );
+        assert_eq!(artifacts.backend.gets.load(Ordering::Relaxed), 0);
+        for _ in 0..2 {
+            let got = artifacts.get(&tenant, &large_id).await.unwrap();
+            assert_eq!(got.as_ref(), Some(&large));
+        }
+        assert_eq!(artifacts.backend.gets.load(Ordering::Relaxed), 2);
     }
 }

@@ -169,7 +169,7 @@ fn project_result(
     let Some((text, parts)) = read_content(content) else {
         return (None, None);
     };
-    let Some((page, spill)) = page_text(&text, policy) else {
+    let Some((page, spill)) = page_cow(text, policy) else {
         return (None, None);
     };
     let page_json = serde_json::Value::String(page).to_string();
@@ -183,22 +183,31 @@ fn project_result(
 /// `text` as the model sees it under the budget: `None` when it fits as it is; else its first
 /// page with the notice, and the artifact that holds it whole (T3).
 pub fn page_text(text: &str, policy: &Policy<'_>) -> Option<(String, Spill)> {
-    let lines = Lines::new(text);
-    if fits(utf16_len(text), lines.count(), policy.budget) {
-        return None;
-    }
-    let id = ArtifactId::for_content(policy.tenant, ArtifactKind::Text, text.as_bytes());
-    let page = notice::render(
-        &lines,
-        &id,
-        policy.tenant,
-        Position::default(),
-        policy.budget,
-        policy.read_tool,
-    );
+    page_cow(Cow::Borrowed(text), policy)
+}
+
+/// [`page_text`] for a text that may be owned already: the artifact takes it without a copy
+/// (a spilled output of tens of megabytes is then held once, not twice).
+fn page_cow(text: Cow<'_, str>, policy: &Policy<'_>) -> Option<(String, Spill)> {
+    let (id, page) = {
+        let lines = Lines::new(&text);
+        if fits(utf16_len(&text), lines.count(), policy.budget) {
+            return None;
+        }
+        let id = ArtifactId::for_content(policy.tenant, ArtifactKind::Text, text.as_bytes());
+        let page = notice::render(
+            &lines,
+            &id,
+            policy.tenant,
+            Position::default(),
+            policy.budget,
+            policy.read_tool,
+        );
+        (id, page)
+    };
     let spill = Spill {
         id,
-        bytes: Bytes::from(text.to_string()),
+        bytes: Bytes::from(text.into_owned()),
     };
     Some((page.text, spill))
 }
