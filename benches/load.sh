@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-10}
 RATE=${RATE:-1000}
-CONNS=${CONNS:-32}
+CONNS=${CONNS:-8}
 PAYLOADS=${PAYLOADS:-small agent}   # subsets for quick looks, e.g. PAYLOADS=small MODES=json
 MODES=${MODES:-json stream}
 PARTS=${PARTS:-latency throughput balance}
