@@ -117,8 +117,9 @@ struct Shared {
     connections: Arc<tokio::sync::Semaphore>,
     /// One permit per request body byte buffered (`max_inflight_body_bytes`).
     body_room: Arc<tokio::sync::Semaphore>,
-    /// One permit per CPU-heavy projection running on the blocking pool (one per worker):
-    /// images decoded, checked and downscaled, large outputs paged and hashed.
+    /// One permit per CPU-heavy projection running on the blocking pool (`worker_threads` − 1,
+    /// at least one, so a core is left to the I/O threads): images decoded, checked and
+    /// downscaled, large outputs paged and hashed.
     heavy: Arc<tokio::sync::Semaphore>,
 }
 
@@ -199,7 +200,7 @@ impl Server {
         let body_room = usize::try_from(config.max_inflight_body_bytes)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
-        let heavy = config.workers();
+        let heavy = config.workers().saturating_sub(1).max(1);
         Ok(Server {
             shared: Arc::new(Shared {
                 config,

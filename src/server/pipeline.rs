@@ -223,8 +223,9 @@ impl App {
         Ok(response)
     }
 
-    /// Stages 4 and 6 on the blocking pool, at most one job per worker at a time: the view is
-    /// read again there from the same bytes (a scan, far cheaper than the work it moves).
+    /// Stages 4 and 6 on the blocking pool, within the `heavy` bound (a core is left to I/O):
+    /// the view is read again there from the same bytes (a scan, far cheaper than the work it
+    /// moves).
     async fn off_thread(
         &self,
         job: Planning,
