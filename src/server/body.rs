@@ -82,20 +82,17 @@ pub(super) async fn read_body(
             return Err(GatewayError::BodyTooLarge { limit });
         }
         // Without a declared length, each chunk takes its room as it comes.
-        let wanted = if declared.is_some() {
-            0
-        } else {
-            data.len() as u64
-        };
-        match take_room(room, wanted, room_deadline).await {
-            Some(permit) => match &mut held {
-                Some(held) => held.merge(permit),
-                None => held = Some(permit),
-            },
-            None => {
-                drop((first, joined, held, data));
-                drain_within(incoming, limit, BODY_ROOM_WAIT).await;
-                return Err(GatewayError::Overloaded);
+        if declared.is_none() {
+            match take_room(room, data.len() as u64, room_deadline).await {
+                Some(permit) => match &mut held {
+                    Some(held) => held.merge(permit),
+                    None => held = Some(permit),
+                },
+                None => {
+                    drop((first, joined, held, data));
+                    drain_within(incoming, limit, BODY_ROOM_WAIT).await;
+                    return Err(GatewayError::Overloaded);
+                }
             }
         }
         match first.take() {

@@ -222,20 +222,7 @@ enum Next {
 impl Feed {
     async fn next(&mut self, app: &App) -> Next {
         match self {
-            Feed::Listener(listener) => {
-                // At the connection cap, stop accepting: new connections wait in the listen
-                // queue instead of failing for want of file descriptors.
-                let Ok(permit) = app.connections.clone().acquire_owned().await else {
-                    return Next::Closed;
-                };
-                match listener.accept().await {
-                    Ok((stream, _)) => Next::Connection(stream, permit),
-                    Err(e) => {
-                        accept_error(e).await;
-                        Next::Retry
-                    }
-                }
-            }
+            Feed::Listener(listener) => accept(listener, &app.connections).await,
             Feed::Handed(handed) => match handed.recv().await {
                 Some((stream, permit)) => match tokio::net::TcpStream::from_std(stream) {
                     Ok(stream) => Next::Connection(stream, permit),
@@ -268,23 +255,14 @@ pub(super) async fn acceptor(
     };
     let mut turn = 0usize;
     loop {
-        let permit = tokio::select! {
-            permit = shared.connections.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
+        let next = tokio::select! {
+            next = accept(&listener, &shared.connections) => next,
             _ = stop.wait_for(|stop| *stop) => return,
         };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stop| *stop) => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                accept_error(e).await;
-                continue;
-            }
+        let (stream, permit) = match next {
+            Next::Connection(stream, permit) => (stream, permit),
+            Next::Retry => continue,
+            Next::Closed => return,
         };
         let Ok(stream) = stream.into_std() else {
             continue;
@@ -302,6 +280,22 @@ pub(super) async fn acceptor(
         if to.send((stream, permit)).is_err() {
             load.fetch_sub(1, Ordering::Relaxed);
             tracing::error!("a proxy worker stopped; its connection is dropped");
+        }
+    }
+}
+
+/// The next connection on `listener`, once it has its place under `max_connections`: at the
+/// cap, nothing is accepted and new connections wait in the listen queue instead of failing for
+/// want of file descriptors. A failed accept is backed off.
+async fn accept(listener: &TcpListener, connections: &Arc<tokio::sync::Semaphore>) -> Next {
+    let Ok(permit) = connections.clone().acquire_owned().await else {
+        return Next::Closed;
+    };
+    match listener.accept().await {
+        Ok((stream, _)) => Next::Connection(stream, permit),
+        Err(e) => {
+            accept_error(e).await;
+            Next::Retry
         }
     }
 }

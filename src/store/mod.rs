@@ -121,9 +121,7 @@ impl<S: ArtifactStore> Artifacts<S> {
         let result = self.backend.put(tenant, id, bytes.clone()).await;
         self.observe("put", start, result.is_ok());
         result?;
-        if bytes.len() <= ARTIFACT_CACHE_MAX_ENTRY {
-            self.cache.insert(key, bytes);
-        }
+        self.remember(key, &bytes);
         Ok(())
     }
 
@@ -136,13 +134,17 @@ impl<S: ArtifactStore> Artifacts<S> {
         let result = self.backend.get(tenant, id).await;
         self.observe("get", start, result.is_ok());
         let found = result?;
-        if let Some(bytes) = found
-            .as_ref()
-            .filter(|b| b.len() <= ARTIFACT_CACHE_MAX_ENTRY)
-        {
-            self.cache.insert(key, bytes.clone());
+        if let Some(bytes) = &found {
+            self.remember(key, bytes);
         }
         Ok(found)
+    }
+
+    /// Caches an artifact the store holds, unless it is over [`ARTIFACT_CACHE_MAX_ENTRY`].
+    fn remember(&self, key: ([u8; 32], ArtifactId), bytes: &Bytes) {
+        if bytes.len() <= ARTIFACT_CACHE_MAX_ENTRY {
+            self.cache.insert(key, bytes.clone());
+        }
     }
 
     pub async fn check(&self) -> Result<(), StoreError> {
