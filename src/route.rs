@@ -99,9 +99,20 @@ impl RouteTable {
 
     /// The route for a projected request. A request without a model matches as the empty name.
     pub fn select(&self, dialect: Dialect, model: &str) -> Option<&Route> {
+        self.place(dialect, model).map(|(_, route)| route)
+    }
+
+    /// [`RouteTable::select`], with the route's place in the table (see [`RouteTable::get`]).
+    pub fn place(&self, dialect: Dialect, model: &str) -> Option<(usize, &Route)> {
         self.routes
             .iter()
-            .find(|r| r.config.dialects.contains(&dialect) && r.models.is_match(model))
+            .enumerate()
+            .find(|(_, r)| r.config.dialects.contains(&dialect) && r.models.is_match(model))
+    }
+
+    /// The route at a place [`RouteTable::place`] gave.
+    pub fn get(&self, place: usize) -> Option<&Route> {
+        self.routes.get(place)
     }
 
     /// The route for a pass-through request (P5): the first that serves a dialect of `family`.

@@ -86,6 +86,31 @@ async fn once_shows_an_image_in_exactly_one_successful_response_a3() {
     );
 }
 
+/// A body of a megabyte or more runs its whole front (view, session, plan) on the blocking
+/// pool, its session read and written from there: once holds the same (A3, A9).
+#[tokio::test]
+async fn once_holds_for_a_body_over_a_megabyte_planned_on_the_pool_a3() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    let mut body = history("render_chart", 2, false);
+    // A long first message (not a tool result: nothing to spill) makes the body 1.5 MB.
+    body["messages"][0]["content"] = json!("watch the screen ".repeat(90_000));
+    assert!(body.to_string().len() > 1_500_000);
+    post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(embedded(&mock), 2);
+    committed(&sluice, 1.0).await;
+    let resp = post(&sluice, "/v1/messages", &body).await;
+    assert_eq!(
+        resp.headers()["x-sluice-projection"],
+        "spilled=0; embedded=0; deferred=0; refused=0; placeholders=2"
+    );
+    assert_eq!(embedded(&mock), 0);
+    // The same session without the long message is another conversation root: shown again.
+    let other = history("render_chart", 2, false);
+    post(&sluice, "/v1/messages", &other).await;
+    assert_eq!(embedded(&mock), 2);
+}
+
 #[tokio::test]
 async fn failed_cut_and_abandoned_responses_consume_nothing_a9() {
     let mock = MockUpstream::start();

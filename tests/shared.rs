@@ -101,8 +101,21 @@ async fn an_artifact_spilled_through_one_process_is_readable_through_the_other()
         Sluice::start(&config(&mock, REDIS)),
         Sluice::start(&config(&mock, REDIS)),
     );
+    // The second body is over a megabyte: planned on the blocking pool, which reads and
+    // writes Redis through its worker's runtime.
+    for size in [90_000, 1_200_000] {
+        spilled_on_one_read_on_the_other(&mock, &a, &b, size).await;
+    }
+}
+
+async fn spilled_on_one_read_on_the_other(
+    mock: &MockUpstream,
+    a: &Sluice,
+    b: &Sluice,
+    size: usize,
+) {
     let key = format!("sk-{}", uuid::Uuid::new_v4());
-    let output = tool_output(90_000);
+    let output = tool_output(size);
     let body = json!({"model": "gpt-4o", "messages": [
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": output}]});

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{elements, span_of, Dialect, Text};
+use super::{span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -35,7 +35,70 @@ struct Message<'a> {
     #[serde(borrow)]
     role: Text<'a>,
     #[serde(borrow)]
-    content: Option<&'a RawValue>,
+    content: Option<Content<'a>>,
+}
+
+/// A message's `content`, read in the same pass as the message: its blocks as raw JSON (each
+/// read again by [`Block`]), or its text. Reading it whole first would scan every tool result,
+/// image and all, one more time.
+enum Content<'a> {
+    Blocks(Vec<&'a RawValue>),
+    Text(Cow<'a, str>),
+    Other,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<Content<'a>>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Content<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("message content")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut blocks = Vec::new();
+                while let Some(block) = seq.next_element::<&'de RawValue>()? {
+                    blocks.push(block);
+                }
+                Ok(Content::Blocks(blocks))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Content::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+        }
+        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -59,7 +122,11 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
     let mut user_images = Vec::new();
     for (item, message) in request.messages.iter().enumerate() {
         let role = message.role.as_deref();
-        for raw in message.content.and_then(elements).into_iter().flatten() {
+        let blocks = match &message.content {
+            Some(Content::Blocks(blocks)) => blocks.as_slice(),
+            _ => &[],
+        };
+        for &raw in blocks {
             let Ok(block) = serde_json::from_str::<Block>(raw.get()) else {
                 continue;
             };
@@ -89,16 +156,22 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
             }
         }
     }
+    // The first user message as its blocks or its text (a session fingerprint: what matters is
+    // that a conversation's every turn gives the same parts).
     let first_user = request
         .messages
         .iter()
-        .find(|m| m.role.as_deref() == Some("user"))
-        .and_then(|m| m.content)
-        .map(RawValue::get);
-    let root = [request.system.map(RawValue::get), first_user]
+        .find(|m| m.role.as_deref() == Some("user"));
+    let mut root: Vec<Cow<str>> = request
+        .system
+        .map(|raw| Cow::Borrowed(raw.get()))
         .into_iter()
-        .flatten()
         .collect();
+    match first_user.and_then(|m| m.content.as_ref()) {
+        Some(Content::Blocks(blocks)) => root.extend(blocks.iter().map(|b| Cow::Borrowed(b.get()))),
+        Some(Content::Text(text)) => root.push(text.clone()),
+        Some(Content::Other) | None => {}
+    }
     Ok(RequestView {
         tools: request.tools,
         conversation: request.metadata.and_then(|m| m.user_id),
@@ -114,6 +187,32 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn message_content_of_any_shape_reads_and_roots_the_session() {
+        let body = r#"{"model":"m","system":"be brief","messages":[
+          {"role":"user","content":"line one\nline \"two\""},
+          {"role":"assistant","content":{"odd":[1,{"type":"tool_use"}]}},
+          {"role":"user","content":7},
+          {"role":"user","content":null},
+          {"role":"user","content":[true,{"type":"tool_result","tool_use_id":"x","content":"ok"}]}
+        ]}"#;
+        let view = read(body).unwrap();
+        assert_eq!(view.root, ["\"be brief\"", "line one\nline \"two\""]);
+        assert_eq!(view.tool_results.len(), 1);
+        assert_eq!(view.tool_results[0].content.get(), r#""ok""#);
+        let blocks = r#"{"messages":[{"role":"user","content":[ {"type":"text","text":"a"} ,{"type":"text","text":"b"}]}]}"#;
+        let view = read(blocks).unwrap();
+        assert_eq!(
+            view.root,
+            [
+                r#"{"type":"text","text":"a"}"#,
+                r#"{"type":"text","text":"b"}"#
+            ]
+        );
+        // Bad JSON inside content is still bad JSON.
+        assert!(read(r#"{"messages":[{"role":"user","content":[{"type":]}]}"#).is_err());
+    }
 
     #[test]
     fn reads_tool_result_blocks() {

@@ -108,6 +108,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
     let root = [first(&["system", "developer"]), first(&["user"])]
         .into_iter()
         .flatten()
+        .map(Cow::Borrowed)
         .collect();
     Ok(RequestView {
         tools: request.tools,

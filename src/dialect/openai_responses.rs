@@ -101,6 +101,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
     let root = [request.instructions.map(RawValue::get), first_user]
         .into_iter()
         .flatten()
+        .map(Cow::Borrowed)
         .collect();
     Ok(RequestView {
         tools: request.tools,

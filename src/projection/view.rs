@@ -57,9 +57,10 @@ pub struct RequestView<'a> {
     /// A conversation id the client already sends: Responses `prompt_cache_key`, Anthropic
     /// `metadata.user_id`.
     pub conversation: Option<Cow<'a, str>>,
-    /// The conversation's root as sent: system prompt and first user message (raw JSON), for
-    /// the session fingerprint when there is no explicit session.
-    pub root: Vec<&'a str>,
+    /// The conversation's root as sent: system prompt and first user message (raw JSON, or
+    /// the parts a dialect reads them in), for the session fingerprint when there is no
+    /// explicit session.
+    pub root: Vec<Cow<'a, str>>,
 }
 
 impl<'a> RequestView<'a> {

@@ -39,6 +39,7 @@ use crate::upstream::{BoxError, Upstream};
 mod body;
 mod commit;
 mod endpoints;
+mod front;
 mod handle;
 mod pipeline;
 mod relay;

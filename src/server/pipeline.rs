@@ -12,60 +12,26 @@ use crate::dialect::completion::Completion;
 use crate::dialect::Dialect;
 use crate::encoding::Coding;
 use crate::error::GatewayError;
-use crate::projection::attach::state::SessionState;
 use crate::projection::exit::Spill;
-use crate::projection::{self, splice, RequestView, Summary};
-use crate::read;
+use crate::projection::{self, splice, Summary};
 use crate::route::Route;
-use crate::store::session::{SessionKey, SessionStore};
 use crate::store::ArtifactKind;
 use crate::tenant::Tenant;
 use crate::upstream;
 
 use super::commit::Commit;
+use super::front::{Ask, Front};
 use super::{
     decode_body, read_body, rounds, App, Body, Context, InFlight, NOTHING_PROJECTED, PROJECTION,
 };
 
 impl App {
-    /// The session of a request and its delivery state. A store that cannot be read must not
-    /// fail the request: it goes on without state (`None`), and commits nothing.
-    pub(super) async fn load_session(
-        &self,
-        headers: &http::HeaderMap,
-        tenant: &Tenant,
-        view: &projection::RequestView<'_>,
-        route: &crate::route::Route,
-        ctx: &Context,
-    ) -> (Option<SessionKey>, SessionState) {
-        let header = headers
-            .get(&self.session_header)
-            .and_then(|v| v.to_str().ok());
-        let (key, source) = SessionKey::of(tenant, header, view, &route.config.name);
-        tracing::debug!(request_id = %ctx.request_id, session_from = source.as_str(), "session");
-        self.seen.insert(key.0.clone(), ());
-        self.metrics
-            .sessions_active
-            .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
-        let loading = Instant::now();
-        let loaded = self.sessions.load(&key).await;
-        self.metrics
-            .store_seconds
-            .with_label_values(&[self.sessions.backend(), "load"])
-            .observe(loading.elapsed().as_secs_f64());
-        match loaded {
-            Ok(state) => (Some(key), state),
-            Err(e) => {
-                tracing::warn!(request_id = %ctx.request_id, error = %e, "session state unavailable");
-                (None, SessionState::default())
-            }
-        }
-    }
-
     /// A projected request, stage by stage. The stages, in order:
     /// 1. **read**: the body under `max_body_bytes` (413 while reading), paced (408), within
     ///    `max_inflight_body_bytes` (503), decoded off the I/O thread if compressed.
-    /// 2. **view**: read once by its dialect into a [`RequestView`] (400 on bad JSON).
+    /// 2. **view**: read once by its dialect into a [`RequestView`](projection::RequestView) (400 on bad JSON). Stages 2
+    ///    to 7 are the front ([`super::front`]): on the blocking pool for a body of a megabyte
+    ///    or more, so its view is read once, off the I/O thread.
     /// 3. **route**: by dialect and model (404); the tenant from the credential or the route.
     /// 4. **prepare**: the request's images found and checked (memoized).
     /// 5. **session**: its delivery state loaded, only when it has images (or, at 7, the read
@@ -91,67 +57,22 @@ impl App {
         // The body's share of max_inflight_body_bytes, held until the response is produced.
         let (body, _room) = self.read(&mut parts.headers, incoming).await?;
         let read_at = Instant::now();
-        let view = dialect
-            .read_view(&body)
-            .map_err(|e| GatewayError::BadJson(e.to_string()))?;
-        let (route, tenant) = self.route(dialect, &view, &parts.headers, ctx)?;
-        let shape = read::Shape::of_view(&view);
-        let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
-        let mut session = None;
-        let mut state = SessionState::default();
-        let policy = route.config.policy(&read_tool);
-        let light = (body.len() < HEAVY_BODY_BYTES)
-            .then(|| projection::Prepared::without_images(&view, &tenant, &self.memo))
-            .flatten();
-        let mut projection = if let Some(prepared) = light {
-            // No image and a small body: projected here, and no session is needed for it.
-            projection::project_prepared(
-                &view,
-                &projection::Context {
-                    tenant: &tenant,
-                    policy,
-                    memo: &self.memo,
-                    state: &state,
-                },
-                prepared,
-            )
-        } else {
-            // Images to decode and check (or downscale), or a large body to page and hash: on
-            // the blocking pool, so this worker's other connections keep moving.
-            (session, state) = self
-                .load_session(&parts.headers, &tenant, &view, route, ctx)
-                .await;
-            let job = Planning {
-                dialect,
-                body: body.clone(),
-                tenant: tenant.clone(),
-                route: route.config.clone(),
-                read_tool: read_tool.clone(),
-                state,
-            };
-            let (projection, planned) = self.off_thread(job).await?;
-            state = planned;
-            projection
+        let ask = Ask {
+            dialect,
+            headers: parts.headers.clone(),
+            request_id: ctx.request_id.clone(),
         };
-        // C1, C5: a request sluice changes nothing in gets no tool (P1).
-        let accepts_images = policy.accepts_images;
-        let offer = route.config.max_read_steps > 0
-            && (projection.summary.spilled > 0 || (projection.rereadable > 0 && accepts_images));
-        let mut tool = None;
-        if offer {
-            if session.is_none() {
-                (session, state) = self
-                    .load_session(&parts.headers, &tenant, &view, route, ctx)
-                    .await;
-            }
-            let hidden = self.hidden_rounds(dialect, &body, &tenant, &state).await;
-            projection.edits.extend(hidden);
-            if let Some(shape) = &shape {
-                let definition = read::definition(dialect, &read_tool);
-                projection.edits.push(shape.add_tool(&definition));
-                tool = Some(read_tool);
-            }
-        }
+        let front = self.shared.front(ask, &body).await?;
+        let Front {
+            route,
+            tenant,
+            session,
+            projection,
+            tool,
+            accepts_images,
+        } = front;
+        let route = self.routes.get(route).ok_or(GatewayError::Internal)?;
+        ctx.route.clone_from(&route.config.name);
         // count_tokens shows the model nothing: it never changes what was delivered.
         let shows_model = !parts.uri.path().ends_with("/count_tokens");
         let mut commit = Commit::new(
@@ -160,7 +81,6 @@ impl App {
             session.filter(|_| shows_model),
             projection.delta,
         );
-        drop((shape, view));
         self.persist(&projection.spills, &tenant, ctx, route)
             .await?;
         self.count_images(&projection.images);
@@ -223,43 +143,6 @@ impl App {
         Ok(response)
     }
 
-    /// Stages 4 and 6 on the blocking pool, within the `heavy` bound (a core is left to I/O):
-    /// the view is read again there from the same bytes (a scan, far cheaper than the work it
-    /// moves).
-    async fn off_thread(
-        &self,
-        job: Planning,
-    ) -> Result<(projection::Projection, SessionState), GatewayError> {
-        let _permit = self
-            .heavy
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| GatewayError::Internal)?;
-        let shared = self.shared.clone();
-        let planned = tokio::task::spawn_blocking(move || {
-            let view = job.dialect.read_view(&job.body).ok()?;
-            let prepared = projection::Prepared::new(&view, &job.tenant, &shared.memo);
-            let projection = projection::project_prepared(
-                &view,
-                &projection::Context {
-                    tenant: &job.tenant,
-                    policy: job.route.policy(&job.read_tool),
-                    memo: &shared.memo,
-                    state: &job.state,
-                },
-                prepared,
-            );
-            Some((projection, job.state))
-        })
-        .await;
-        match planned {
-            Ok(Some(planned)) => Ok(planned),
-            // The bytes were read into a view before: a second reading cannot fail.
-            Ok(None) | Err(_) => Err(GatewayError::Internal),
-        }
-    }
-
     /// Stage 1: the body, read within its limits and decoded; what is forwarded goes out
     /// uncompressed.
     async fn read(
@@ -277,58 +160,6 @@ impl App {
             headers.remove(http::header::CONTENT_ENCODING);
         }
         Ok((body, room))
-    }
-
-    /// Stage 3: the route of the request's dialect and model, and who asks.
-    fn route(
-        &self,
-        dialect: Dialect,
-        view: &RequestView<'_>,
-        headers: &http::HeaderMap,
-        ctx: &mut Context,
-    ) -> Result<(&Route, Tenant), GatewayError> {
-        let model = view.model.as_deref().unwrap_or("");
-        let route = self
-            .routes
-            .select(dialect, model)
-            .ok_or_else(|| GatewayError::NoRoute {
-                dialect: dialect.as_str(),
-                model: model.chars().take(200).collect(),
-            })?;
-        ctx.route.clone_from(&route.config.name);
-        let tenant = Tenant::of_request(headers)
-            .or_else(|| route.tenant.clone())
-            .unwrap_or_else(Tenant::anonymous);
-        Ok((route, tenant))
-    }
-
-    /// Stage 7 (C3): edits that splice back the rounds hidden from the client on earlier
-    /// turns, for the session's links found in this history. An expired one is left as the
-    /// client received it.
-    async fn hidden_rounds(
-        &self,
-        dialect: Dialect,
-        body: &Bytes,
-        tenant: &Tenant,
-        state: &SessionState,
-    ) -> Vec<projection::Edit> {
-        let links = read::Link::all(state);
-        let mut edits = Vec::new();
-        if links.is_empty() {
-            return edits;
-        }
-        let Some(shape) = read::Shape::read(dialect, body) else {
-            return edits;
-        };
-        let text = std::str::from_utf8(body).unwrap_or_default();
-        for m in read::matches(&shape, &links) {
-            match self.artifacts.get(tenant, &m.link.artifact).await {
-                Ok(Some(content)) => edits.extend(read::splice_edits(&shape, text, &m, &content)),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot read hidden read rounds"),
-            }
-        }
-        edits
     }
 
     /// Stage 8 (T3): the artifacts are durable before the model is shown a reference to them.
@@ -403,36 +234,6 @@ impl App {
 
 /// Artifact writes of one request in flight at once.
 const PARALLEL_WRITES: usize = 8;
-
-/// Bodies from this size on are projected on the blocking pool: paging and hashing a tool
-/// output of a few megabytes takes milliseconds.
-const HEAVY_BODY_BYTES: usize = 1024 * 1024;
-
-/// What planning on the blocking pool takes with it.
-struct Planning {
-    dialect: Dialect,
-    body: Bytes,
-    tenant: Tenant,
-    route: crate::config::RouteConfig,
-    read_tool: String,
-    state: SessionState,
-}
-
-/// The read tool's name in this request: the route's, with a suffix when a client tool has that
-/// name already (the notices name it as offered).
-fn read_tool_name(
-    dialect: Dialect,
-    route: &Route,
-    view: &RequestView<'_>,
-    shape: Option<&read::Shape<'_>>,
-) -> String {
-    let name = &route.config.read_tool;
-    view.tools
-        .filter(|raw| raw.get().contains(name.as_str()))
-        .and(shape)
-        .map(|shape| read::tool_name(name, &shape.tool_names(dialect)))
-        .unwrap_or_else(|| name.clone())
-}
 
 /// Stage 10: the headers forwarded. sluice reads this response (the completion watch, the read
 /// rounds): the upstream may compress it only in a coding sluice decodes.

@@ -1,0 +1,314 @@
+//! Stages 2 to 7 of a projected request, from its bytes to its edits: view, route, prepare,
+//! session, plan, read tool. A large body runs them all on the blocking pool, where its view is
+//! read once; a small one reads its view here and sends only image work to the pool.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::dialect::Dialect;
+use crate::error::GatewayError;
+use crate::projection::attach::state::SessionState;
+use crate::projection::{self, RequestView};
+use crate::read;
+use crate::route::Route;
+use crate::store::session::{SessionKey, SessionStore};
+use crate::tenant::Tenant;
+
+use super::Shared;
+
+/// Bodies from this size on run the whole front on the blocking pool: reading the view of a
+/// few megabytes of history, paging and hashing its outputs take milliseconds.
+const HEAVY_BODY_BYTES: usize = 1024 * 1024;
+
+/// What the front decided, owned, so it can come back from the blocking pool.
+pub(super) struct Front {
+    /// The route's place in the route table.
+    pub(super) route: usize,
+    pub(super) tenant: Tenant,
+    /// The session to commit to; `None` when it was not needed or its store was unreadable.
+    pub(super) session: Option<SessionKey>,
+    /// The edits (with the read tool and the hidden rounds), artifacts and delta.
+    pub(super) projection: projection::Projection,
+    /// The read tool's name, when it is offered.
+    pub(super) tool: Option<String>,
+    pub(super) accepts_images: bool,
+}
+
+/// What a request's front needs to know besides its body.
+pub(super) struct Ask {
+    pub(super) dialect: Dialect,
+    pub(super) headers: HeaderMap,
+    pub(super) request_id: String,
+}
+
+impl Shared {
+    /// The front of a request: on the blocking pool for a large body (within the `heavy` bound,
+    /// so a core stays with the I/O threads), here for a small one.
+    pub(super) async fn front(
+        self: &Arc<Self>,
+        ask: Ask,
+        body: &Bytes,
+    ) -> Result<Front, GatewayError> {
+        if body.len() < HEAVY_BODY_BYTES {
+            return self.stages(&ask, body, false).await;
+        }
+        let _permit = self
+            .heavy
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| GatewayError::Internal)?;
+        let shared = Arc::clone(self);
+        let body = body.clone();
+        // The session and artifact reads it awaits are driven by this worker's runtime, which
+        // keeps running while the pool thread waits for them.
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            runtime.block_on(async move { shared.stages(&ask, &body, true).await })
+        })
+        .await
+        .map_err(|_| GatewayError::Internal)?
+    }
+
+    /// Stages 2 to 7, in order; `pooled` when already on the blocking pool.
+    async fn stages(
+        self: &Arc<Self>,
+        ask: &Ask,
+        body: &Bytes,
+        pooled: bool,
+    ) -> Result<Front, GatewayError> {
+        let dialect = ask.dialect;
+        let view = dialect
+            .read_view(body)
+            .map_err(|e| GatewayError::BadJson(e.to_string()))?;
+        let (index, route, tenant) = self.route(dialect, &view, &ask.headers)?;
+        let shape = read::Shape::of_view(&view);
+        let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
+        let mut session = None;
+        let mut state = SessionState::default();
+        let policy = route.config.policy(&read_tool);
+        let accepts_images = policy.accepts_images;
+        let light = projection::Prepared::without_images(&view, &tenant, &self.memo);
+        let mut projection = match light {
+            // No image: no session is needed for it.
+            Some(prepared) => projection::project_prepared(
+                &view,
+                &projection::Context {
+                    tenant: &tenant,
+                    policy,
+                    memo: &self.memo,
+                    state: &state,
+                },
+                prepared,
+            ),
+            None => {
+                (session, state) = self
+                    .load_session(&ask.headers, &tenant, &view, route, &ask.request_id)
+                    .await;
+                if pooled {
+                    let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
+                    projection::project_prepared(
+                        &view,
+                        &projection::Context {
+                            tenant: &tenant,
+                            policy,
+                            memo: &self.memo,
+                            state: &state,
+                        },
+                        prepared,
+                    )
+                } else {
+                    // Images to decode and check (or downscale): on the blocking pool, so this
+                    // worker's other connections keep moving.
+                    let job = Planning {
+                        dialect,
+                        body: body.clone(),
+                        tenant: tenant.clone(),
+                        route: route.config.clone(),
+                        read_tool: read_tool.clone(),
+                        state,
+                    };
+                    let (projection, planned) = self.images_off_thread(job).await?;
+                    state = planned;
+                    projection
+                }
+            }
+        };
+        // C1, C5: a request sluice changes nothing in gets no tool (P1).
+        let offer = route.config.max_read_steps > 0
+            && (projection.summary.spilled > 0 || (projection.rereadable > 0 && accepts_images));
+        let mut tool = None;
+        if offer {
+            if session.is_none() {
+                (session, state) = self
+                    .load_session(&ask.headers, &tenant, &view, route, &ask.request_id)
+                    .await;
+            }
+            let hidden = self.hidden_rounds(dialect, body, &tenant, &state).await;
+            projection.edits.extend(hidden);
+            if let Some(shape) = &shape {
+                let definition = read::definition(dialect, &read_tool);
+                projection.edits.push(shape.add_tool(&definition));
+                tool = Some(read_tool);
+            }
+        }
+        Ok(Front {
+            route: index,
+            tenant,
+            session,
+            projection,
+            tool,
+            accepts_images,
+        })
+    }
+
+    /// Stage 3: the route of the request's dialect and model, and who asks.
+    fn route(
+        &self,
+        dialect: Dialect,
+        view: &RequestView<'_>,
+        headers: &HeaderMap,
+    ) -> Result<(usize, &Route, Tenant), GatewayError> {
+        let model = view.model.as_deref().unwrap_or("");
+        let (index, route) =
+            self.routes
+                .place(dialect, model)
+                .ok_or_else(|| GatewayError::NoRoute {
+                    dialect: dialect.as_str(),
+                    model: model.chars().take(200).collect(),
+                })?;
+        let tenant = Tenant::of_request(headers)
+            .or_else(|| route.tenant.clone())
+            .unwrap_or_else(Tenant::anonymous);
+        Ok((index, route, tenant))
+    }
+
+    /// Stage 5: the session of a request and its delivery state. A store that cannot be read
+    /// must not fail the request: it goes on without state (`None`), and commits nothing.
+    async fn load_session(
+        &self,
+        headers: &HeaderMap,
+        tenant: &Tenant,
+        view: &RequestView<'_>,
+        route: &Route,
+        request_id: &str,
+    ) -> (Option<SessionKey>, SessionState) {
+        let header = headers
+            .get(&self.session_header)
+            .and_then(|v| v.to_str().ok());
+        let (key, source) = SessionKey::of(tenant, header, view, &route.config.name);
+        tracing::debug!(request_id, session_from = source.as_str(), "session");
+        self.seen.insert(key.0.clone(), ());
+        self.metrics
+            .sessions_active
+            .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));
+        let loading = Instant::now();
+        let loaded = self.sessions.load(&key).await;
+        self.metrics
+            .store_seconds
+            .with_label_values(&[self.sessions.backend(), "load"])
+            .observe(loading.elapsed().as_secs_f64());
+        match loaded {
+            Ok(state) => (Some(key), state),
+            Err(e) => {
+                tracing::warn!(request_id, error = %e, "session state unavailable");
+                (None, SessionState::default())
+            }
+        }
+    }
+
+    /// Stages 4 and 6 of a small body with images, on the blocking pool within the `heavy`
+    /// bound: the view is read again there from the same bytes (under a megabyte, a scan far
+    /// cheaper than the image work it moves).
+    async fn images_off_thread(
+        self: &Arc<Self>,
+        job: Planning,
+    ) -> Result<(projection::Projection, SessionState), GatewayError> {
+        let _permit = self
+            .heavy
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| GatewayError::Internal)?;
+        let shared = Arc::clone(self);
+        let planned = tokio::task::spawn_blocking(move || {
+            let view = job.dialect.read_view(&job.body).ok()?;
+            let prepared = projection::Prepared::new(&view, &job.tenant, &shared.memo);
+            let projection = projection::project_prepared(
+                &view,
+                &projection::Context {
+                    tenant: &job.tenant,
+                    policy: job.route.policy(&job.read_tool),
+                    memo: &shared.memo,
+                    state: &job.state,
+                },
+                prepared,
+            );
+            Some((projection, job.state))
+        })
+        .await;
+        match planned {
+            Ok(Some(planned)) => Ok(planned),
+            // The bytes were read into a view before: a second reading cannot fail.
+            Ok(None) | Err(_) => Err(GatewayError::Internal),
+        }
+    }
+
+    /// Stage 7 (C3): edits that splice back the rounds hidden from the client on earlier
+    /// turns, for the session's links found in this history. An expired one is left as the
+    /// client received it.
+    async fn hidden_rounds(
+        &self,
+        dialect: Dialect,
+        body: &Bytes,
+        tenant: &Tenant,
+        state: &SessionState,
+    ) -> Vec<projection::Edit> {
+        let links = read::Link::all(state);
+        let mut edits = Vec::new();
+        if links.is_empty() {
+            return edits;
+        }
+        let Some(shape) = read::Shape::read(dialect, body) else {
+            return edits;
+        };
+        let text = std::str::from_utf8(body).unwrap_or_default();
+        for m in read::matches(&shape, &links) {
+            match self.artifacts.get(tenant, &m.link.artifact).await {
+                Ok(Some(content)) => edits.extend(read::splice_edits(&shape, text, &m, &content)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot read hidden read rounds"),
+            }
+        }
+        edits
+    }
+}
+
+/// What planning on the blocking pool takes with it.
+struct Planning {
+    dialect: Dialect,
+    body: Bytes,
+    tenant: Tenant,
+    route: crate::config::RouteConfig,
+    read_tool: String,
+    state: SessionState,
+}
+
+/// The read tool's name in this request: the route's, with a suffix when a client tool has that
+/// name already (the notices name it as offered).
+fn read_tool_name(
+    dialect: Dialect,
+    route: &Route,
+    view: &RequestView<'_>,
+    shape: Option<&read::Shape<'_>>,
+) -> String {
+    let name = &route.config.read_tool;
+    view.tools
+        .filter(|raw| raw.get().contains(name.as_str()))
+        .and(shape)
+        .map(|shape| read::tool_name(name, &shape.tool_names(dialect)))
+        .unwrap_or_else(|| name.clone())
+}
