@@ -14,6 +14,10 @@
 
 #![allow(clippy::unwrap_used)] // benchmark code: fail loudly
 
+/// The binary's allocator (src/main.rs), so fresh buffers cost here what they cost in service.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[path = "../tests/common/mock.rs"]
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod mock;

@@ -8,7 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{b64, client, config_for, metric, picture, post, MockUpstream, Reply, Sluice};
+use common::{
+    b64, client, config_for, get_as, metric, picture, post, post_as, MockUpstream, Reply, Sluice,
+};
 use futures_util::StreamExt;
 use image::ImageFormat;
 use serde_json::{json, Value};
@@ -27,6 +29,9 @@ fn history(tool: &str, upto: usize, stream: bool) -> Value {
     }
     json!({"model": "claude-x", "max_tokens": 10, "stream": stream, "messages": messages})
 }
+
+/// The credential of tests that read artifacts back (an anonymous request has no tenant).
+const KEY: &str = "sk-delivery";
 
 /// Images the last forwarded request embedded.
 fn embedded(mock: &MockUpstream) -> usize {
@@ -162,12 +167,26 @@ async fn state_survives_a_restart_s1() {
     let body = history("render_chart", 1, false);
     {
         let sluice = Sluice::start_with(&config(&mock, ""), &env);
-        post(&sluice, "/v1/messages", &body).await;
+        post_as(&sluice, "/v1/messages", KEY, &body).await;
         committed(&sluice, 1.0).await;
     }
     let sluice = Sluice::start_with(&config(&mock, ""), &env);
-    post(&sluice, "/v1/messages", &body).await;
+    post_as(&sluice, "/v1/messages", KEY, &body).await;
     assert_eq!(embedded(&mock), 0, "still shown once, after a restart");
+    // The image was written while its request was forwarded; its commit waited for the write,
+    // so the placeholder's artifact is on disk.
+    let text = mock.last().json()["messages"][2]["content"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = text.find("artifact://").unwrap() + 11;
+    let id: String = text[at..].chars().take(33).collect();
+    let stored = get_as(&sluice, &format!("/v1/sluice/artifacts/{id}"), KEY).await;
+    assert_eq!(stored.status(), 200);
+    assert_eq!(
+        stored.bytes().await.unwrap().to_vec(),
+        picture(9, 8, ImageFormat::Png)
+    );
 }
 
 #[tokio::test]

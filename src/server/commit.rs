@@ -10,6 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::future::{BoxFuture, Shared as Shared_};
 use http_body::{Frame, SizeHint};
 use tokio_util::task::TaskTracker;
 
@@ -19,12 +20,19 @@ use crate::upstream::BoxError;
 
 use super::Shared;
 
+/// The media artifacts of a request, being written while it is forwarded (docs/runtime.md):
+/// its commit and its read rounds wait for them, so no delivery state and no re-read ever
+/// names an image whose artifact is not stored yet.
+pub(super) type Written = Shared_<BoxFuture<'static, ()>>;
+
 /// A request's delivery-state change, waiting for its response to end.
 pub(super) struct Commit {
     /// Where it goes; `None` once settled, or when there is nowhere to write (no session, a
     /// request that shows the model nothing).
     to: Option<(Arc<Shared>, TaskTracker, SessionKey)>,
     delta: Delta,
+    /// The media writes of the request, when it has any.
+    written: Option<Written>,
 }
 
 impl Commit {
@@ -33,6 +41,7 @@ impl Commit {
         Commit {
             to: None,
             delta: Delta::default(),
+            written: None,
         }
     }
 
@@ -45,6 +54,19 @@ impl Commit {
         Commit {
             to: session.map(|s| (shared.clone(), tasks.clone(), s)),
             delta,
+            written: None,
+        }
+    }
+
+    /// The media writes this commit (and the request's read rounds) wait for.
+    pub(super) fn after(&mut self, written: Option<Written>) {
+        self.written = written;
+    }
+
+    /// Once the request's media artifacts are stored (at once when it has none).
+    pub(super) async fn written(&self) {
+        if let Some(written) = &self.written {
+            written.clone().await;
         }
     }
 
@@ -69,7 +91,13 @@ impl Commit {
         }
         if complete {
             let delta = std::mem::take(&mut self.delta);
-            tasks.spawn(async move { shared.commit(&session, &delta).await });
+            let written = self.written.take();
+            tasks.spawn(async move {
+                if let Some(written) = written {
+                    written.await;
+                }
+                shared.commit(&session, &delta).await
+            });
         } else {
             shared.discarded();
         }

@@ -1,6 +1,8 @@
 //! The projected request path, stage by stage: the stage list is on [`App::projected`].
 
 use std::sync::Arc;
+
+use futures_util::FutureExt;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -19,7 +21,7 @@ use crate::store::ArtifactKind;
 use crate::tenant::Tenant;
 use crate::upstream;
 
-use super::commit::Commit;
+use super::commit::{Commit, Written};
 use super::front::{Ask, Front};
 use super::{
     decode_body, read_body, rounds, App, Body, Context, InFlight, NOTHING_PROJECTED, PROJECTION,
@@ -67,7 +69,7 @@ impl App {
             route,
             tenant,
             session,
-            projection,
+            mut projection,
             tool,
             accepts_images,
         } = front;
@@ -81,8 +83,8 @@ impl App {
             session.filter(|_| shows_model),
             projection.delta,
         );
-        self.persist(&projection.spills, &tenant, ctx, route)
-            .await?;
+        let spills = std::mem::take(&mut projection.spills);
+        commit.after(self.persist(spills, &tenant, ctx, route).await?);
         self.count_images(&projection.images);
         for (key, value) in projection.memos {
             self.memo.insert_page(key, value);
@@ -162,59 +164,60 @@ impl App {
         Ok((body, room))
     }
 
-    /// Stage 8 (T3): the artifacts are durable before the model is shown a reference to them.
-    /// A page whose artifact cannot be stored would hand the model a dead cursor: the request
-    /// fails instead. An image is sent with the request itself (only a later re-read needs its
-    /// artifact), so it goes on.
+    /// Stage 8 (T3): spilled text is durable before the model is shown a cursor into it. A
+    /// page whose artifact cannot be stored would hand the model a dead cursor: the request
+    /// fails instead. An image is sent with the request itself; only a later re-read needs its
+    /// artifact, so images are written while the request is forwarded (their commit and read
+    /// rounds wait for them, [`Written`]), and one that cannot be stored is logged and left.
     async fn persist(
         &self,
-        spills: &[Spill],
+        spills: Vec<Spill>,
         tenant: &Tenant,
         ctx: &Context,
         route: &Route,
-    ) -> Result<(), GatewayError> {
-        let (mut spilled, mut spilled_bytes) = (0u64, 0u64);
-        // Written side by side, each durable on its own (docs/runtime.md).
-        let mut stored = Vec::with_capacity(spills.len());
-        for chunk in spills.chunks(PARALLEL_WRITES) {
-            let mut writes = Vec::with_capacity(chunk.len());
-            for spill in chunk {
-                writes.push(self.artifacts.put(tenant, &spill.id, spill.bytes.clone()));
-            }
-            stored.extend(
-                chunk
-                    .iter()
-                    .zip(futures_util::future::join_all(writes).await),
-            );
+    ) -> Result<Option<Written>, GatewayError> {
+        let (media, text): (Vec<Spill>, Vec<Spill>) = spills
+            .into_iter()
+            .partition(|spill| spill.id.kind == ArtifactKind::Media);
+        let failed = self.shared.put_all(&text, tenant, false).await.into_iter();
+        if let Some(e) = failed.filter_map(Result::err).next() {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store a spilled tool result");
+            return Err(GatewayError::StoreUnavailable);
         }
-        for (spill, stored) in stored {
-            match (stored, spill.id.kind) {
-                (Ok(()), _) => {}
-                (Err(e), ArtifactKind::Text) => {
-                    tracing::error!(request_id = %ctx.request_id, error = %e, "cannot store a spilled tool result");
-                    return Err(GatewayError::StoreUnavailable);
-                }
-                (Err(e), ArtifactKind::Media) => {
-                    tracing::warn!(request_id = %ctx.request_id, error = %e, "cannot store an image artifact");
-                }
-            }
-            if spill.id.kind == ArtifactKind::Text {
-                spilled += 1;
-                spilled_bytes += spill.bytes.len() as u64;
-            }
-        }
-        if spilled > 0 {
+        if !text.is_empty() {
             let labels = [ctx.dialect, route.config.name.as_str()];
             self.metrics
                 .spills_total
                 .with_label_values(&labels)
-                .inc_by(spilled);
+                .inc_by(text.len() as u64);
             self.metrics
                 .spilled_bytes_total
                 .with_label_values(&labels)
-                .inc_by(spilled_bytes);
+                .inc_by(text.iter().map(|s| s.bytes.len() as u64).sum());
         }
-        Ok(())
+        // Readable here at once (an artifact GET, a read round); written behind.
+        let media: Vec<Spill> = media
+            .into_iter()
+            .filter(|spill| self.artifacts.stage(tenant, &spill.id, &spill.bytes))
+            .collect();
+        if media.is_empty() {
+            return Ok(None);
+        }
+        let (shared, tenant, request_id) =
+            (self.shared.clone(), tenant.clone(), ctx.request_id.clone());
+        let (done, written) = tokio::sync::oneshot::channel::<()>();
+        // On the commit tracker: shutdown waits for these writes as for the commits.
+        self.commits.spawn(async move {
+            let stored = shared.put_all(&media, &tenant, true).await;
+            for (spill, stored) in media.iter().zip(stored) {
+                if let Err(e) = stored {
+                    shared.artifacts.unstage(&tenant, &spill.id);
+                    tracing::warn!(request_id, error = %e, "cannot store an image artifact");
+                }
+            }
+            let _ = done.send(());
+        });
+        Ok(Some(written.map(|_| ()).boxed().shared()))
     }
 
     /// Each image's fate, in the metrics.
@@ -234,6 +237,32 @@ impl App {
 
 /// Artifact writes of one request in flight at once.
 const PARALLEL_WRITES: usize = 8;
+
+impl super::Shared {
+    /// Artifacts written side by side, up to [`PARALLEL_WRITES`] at once, each durable on its
+    /// own (docs/runtime.md); how each write went. `staged`: already in the cache
+    /// ([`crate::store::Artifacts::stage`]), written whatever it holds.
+    async fn put_all(
+        &self,
+        spills: &[Spill],
+        tenant: &Tenant,
+        staged: bool,
+    ) -> Vec<Result<(), crate::store::StoreError>> {
+        let mut stored = Vec::with_capacity(spills.len());
+        for chunk in spills.chunks(PARALLEL_WRITES) {
+            let writes = chunk.iter().map(|spill| async {
+                let bytes = spill.bytes.clone();
+                if staged {
+                    self.artifacts.write(tenant, &spill.id, bytes).await
+                } else {
+                    self.artifacts.put(tenant, &spill.id, bytes).await
+                }
+            });
+            stored.extend(futures_util::future::join_all(writes).await);
+        }
+        stored
+    }
+}
 
 /// Stage 10: the headers forwarded. sluice reads this response (the completion watch, the read
 /// rounds): the upstream may compress it only in a coding sluice decodes.

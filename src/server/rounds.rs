@@ -420,11 +420,15 @@ impl App {
                         Err(e) => store_unavailable(&e),
                     }
                 }
-                read::Request::Image(id) => match self.artifacts.get(&job.tenant, &id).await {
-                    Ok(Some(bytes)) => self.reshow_off_thread(&mut job.images, id, bytes).await,
-                    Ok(None) => (expired(&id), None, "expired"),
-                    Err(e) => store_unavailable(&e),
-                },
+                read::Request::Image(id) => {
+                    // This request's own images are written while it is forwarded.
+                    job.commit.written().await;
+                    match self.artifacts.get(&job.tenant, &id).await {
+                        Ok(Some(bytes)) => self.reshow_off_thread(&mut job.images, id, bytes).await,
+                        Ok(None) => (expired(&id), None, "expired"),
+                        Err(e) => store_unavailable(&e),
+                    }
+                }
             };
             self.metrics
                 .read_calls_total

@@ -117,12 +117,39 @@ impl<S: ArtifactStore> Artifacts<S> {
         if self.cache.contains_key(&key) {
             return Ok(());
         }
-        let start = Instant::now();
-        let result = self.backend.put(tenant, id, bytes.clone()).await;
-        self.observe("put", start, result.is_ok());
-        result?;
+        self.write(tenant, id, bytes.clone()).await?;
         self.remember(key, &bytes);
         Ok(())
+    }
+
+    /// An artifact to be written in the background: readable through this process's cache
+    /// from now on. `false` when it is known already (nothing to write).
+    pub fn stage(&self, tenant: &Tenant, id: &ArtifactId, bytes: &Bytes) -> bool {
+        let key = (*tenant.key(), *id);
+        if self.cache.contains_key(&key) {
+            return false;
+        }
+        self.remember(key, bytes);
+        true
+    }
+
+    /// A staged artifact whose write failed: no longer served from the cache, so a later
+    /// `put` of it writes it again.
+    pub fn unstage(&self, tenant: &Tenant, id: &ArtifactId) {
+        self.cache.invalidate(&(*tenant.key(), *id));
+    }
+
+    /// Writes an artifact to the backend, whatever the cache holds (after [`Artifacts::stage`]).
+    pub async fn write(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        bytes: Bytes,
+    ) -> Result<(), StoreError> {
+        let start = Instant::now();
+        let result = self.backend.put(tenant, id, bytes).await;
+        self.observe("put", start, result.is_ok());
+        result
     }
 
     pub async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
