@@ -38,10 +38,11 @@ pub(super) struct Front {
 }
 
 /// What a request's front needs to know besides its body.
-pub(super) struct Ask {
+#[derive(Clone, Copy)]
+pub(super) struct Ask<'r> {
     pub(super) dialect: Dialect,
-    pub(super) headers: HeaderMap,
-    pub(super) request_id: String,
+    pub(super) headers: &'r HeaderMap,
+    pub(super) request_id: &'r str,
 }
 
 impl Shared {
@@ -49,11 +50,11 @@ impl Shared {
     /// so a core stays with the I/O threads), here for a small one.
     pub(super) async fn front(
         self: &Arc<Self>,
-        ask: Ask,
+        ask: Ask<'_>,
         body: &Bytes,
     ) -> Result<Front, GatewayError> {
         if body.len() < HEAVY_BODY_BYTES {
-            return self.stages(&ask, body, false).await;
+            return self.stages(ask, body, false).await;
         }
         let _permit = self
             .heavy
@@ -63,11 +64,20 @@ impl Shared {
             .map_err(|_| GatewayError::Internal)?;
         let shared = Arc::clone(self);
         let body = body.clone();
+        let (dialect, headers, request_id) =
+            (ask.dialect, ask.headers.clone(), ask.request_id.to_owned());
         // The session and artifact reads it awaits are driven by this worker's runtime, which
         // keeps running while the pool thread waits for them.
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
-            runtime.block_on(async move { shared.stages(&ask, &body, true).await })
+            runtime.block_on(async move {
+                let ask = Ask {
+                    dialect,
+                    headers: &headers,
+                    request_id: &request_id,
+                };
+                shared.stages(ask, &body, true).await
+            })
         })
         .await
         .map_err(|_| GatewayError::Internal)?
@@ -76,7 +86,7 @@ impl Shared {
     /// Stages 2 to 7, in order; `pooled` when already on the blocking pool.
     async fn stages(
         self: &Arc<Self>,
-        ask: &Ask,
+        ask: Ask<'_>,
         body: &Bytes,
         pooled: bool,
     ) -> Result<Front, GatewayError> {
@@ -84,7 +94,7 @@ impl Shared {
         let view = dialect
             .read_view(body)
             .map_err(|e| GatewayError::BadJson(e.to_string()))?;
-        let (index, route, tenant) = self.route(dialect, &view, &ask.headers)?;
+        let (index, route, tenant) = self.route(dialect, &view, ask.headers)?;
         let shape = read::Shape::of_view(&view);
         let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
         let mut session = None;
@@ -106,7 +116,7 @@ impl Shared {
             ),
             None => {
                 (session, state) = self
-                    .load_session(&ask.headers, &tenant, &view, route, &ask.request_id)
+                    .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
                 if pooled {
                     let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
@@ -144,7 +154,7 @@ impl Shared {
         if offer {
             if session.is_none() {
                 (session, state) = self
-                    .load_session(&ask.headers, &tenant, &view, route, &ask.request_id)
+                    .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
             }
             let hidden = self.hidden_rounds(dialect, body, &tenant, &state).await;

@@ -61,8 +61,8 @@ impl App {
         let read_at = Instant::now();
         let ask = Ask {
             dialect,
-            headers: parts.headers.clone(),
-            request_id: ctx.request_id.clone(),
+            headers: &parts.headers,
+            request_id: &ctx.request_id,
         };
         let front = self.shared.front(ask, &body).await?;
         let Front {
