@@ -103,8 +103,8 @@ impl Dialect {
             Err(e) if e.classify() == serde_json::error::Category::Data => {
                 // The shape was unexpected before the end was reached: the rest must still be
                 // JSON (and within the nesting limit) to be forwarded.
-                serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
-                Ok(RequestView::empty(self.shapes(), body))
+                serde_json::from_str::<serde::de::IgnoredAny>(text)?;
+                Ok(RequestView::empty(self.shapes(), text))
             }
             Err(e) => Err(e),
         }

@@ -114,7 +114,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         tools: request.tools,
         conversation: None,
         root,
-        body: body.as_bytes(),
+        body,
         shapes: &Dialect::OpenAiChat,
         model: request.model,
         tool_results,

@@ -107,7 +107,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         tools: request.tools,
         conversation: request.prompt_cache_key,
         root,
-        body: body.as_bytes(),
+        body,
         shapes: &Dialect::OpenAiResponses,
         model: request.model,
         tool_results,

@@ -375,7 +375,7 @@ pub fn project_prepared(
     // OpenAI chat: each turn's images in one user message after its tool messages (A7).
     if !chat_turns.is_empty() {
         out.edits
-            .extend(view.shapes.after_turns(view.body, chat_turns));
+            .extend(view.shapes.after_turns(view.body.as_bytes(), chat_turns));
     }
     out
 }

@@ -47,8 +47,8 @@ pub struct UserImage<'a> {
 pub struct RequestView<'a> {
     /// The shapes of the request's dialect, for writing what the projection decides.
     pub shapes: &'static dyn Shapes,
-    /// The whole request body the spans point into.
-    pub body: &'a [u8],
+    /// The whole request body the spans point into (UTF-8, as JSON is).
+    pub body: &'a str,
     pub model: Option<Cow<'a, str>>,
     pub tool_results: Vec<ToolResult<'a>>,
     pub user_images: Vec<UserImage<'a>>,
@@ -66,13 +66,13 @@ pub struct RequestView<'a> {
 impl<'a> RequestView<'a> {
     /// A view with nothing to project: the body is JSON but not of the dialect's shape. The
     /// model is still read when it can be, so the request is routed as the client meant.
-    pub fn empty(shapes: &'static dyn Shapes, body: &'a [u8]) -> Self {
+    pub fn empty(shapes: &'static dyn Shapes, body: &'a str) -> Self {
         #[derive(Deserialize)]
         struct ModelOnly<'a> {
             #[serde(borrow)]
             model: Option<Cow<'a, str>>,
         }
-        let model = serde_json::from_slice::<ModelOnly>(body)
+        let model = serde_json::from_str::<ModelOnly>(body)
             .ok()
             .and_then(|m| m.model);
         Self {

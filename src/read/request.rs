@@ -71,7 +71,7 @@ impl<'a> Shape<'a> {
     /// The shape as far as adding the tool needs it, from the view the request was read into
     /// (no second pass over the body).
     pub fn of_view(view: &crate::projection::RequestView<'a>) -> Option<Shape<'a>> {
-        let body = std::str::from_utf8(view.body).ok()?;
+        let body = view.body;
         let end = body.trim_end().strip_suffix('}')?.len();
         let has_members = !body[..end]
             .trim_start()
