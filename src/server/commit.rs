@@ -10,7 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, Shared as Shared_};
+use futures_util::future::{BoxFuture, Shared as SharedFuture};
 use http_body::{Frame, SizeHint};
 use tokio_util::task::TaskTracker;
 
@@ -23,7 +23,7 @@ use super::Shared;
 /// The media artifacts of a request, being written while it is forwarded (docs/runtime.md):
 /// its commit and its read rounds wait for them, so no delivery state and no re-read ever
 /// names an image whose artifact is not stored yet.
-pub(super) type Written = Shared_<BoxFuture<'static, ()>>;
+pub(super) type Written = SharedFuture<BoxFuture<'static, ()>>;
 
 /// A request's delivery-state change, waiting for its response to end.
 pub(super) struct Commit {

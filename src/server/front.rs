@@ -11,6 +11,8 @@ use http::HeaderMap;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::projection::attach::state::SessionState;
+use crate::projection::memos::Memos;
+use crate::projection::policy::Policy;
 use crate::projection::{self, RequestView};
 use crate::read;
 use crate::route::Route;
@@ -104,32 +106,14 @@ impl Shared {
         let light = projection::Prepared::without_images(&view, &tenant, &self.memo);
         let mut projection = match light {
             // No image: no session is needed for it.
-            Some(prepared) => projection::project_prepared(
-                &view,
-                &projection::Context {
-                    tenant: &tenant,
-                    policy,
-                    memo: &self.memo,
-                    state: &state,
-                },
-                prepared,
-            ),
+            Some(prepared) => plan(&view, &tenant, policy, &self.memo, &state, prepared),
             None => {
                 (session, state) = self
                     .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
                 if pooled {
                     let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
-                    projection::project_prepared(
-                        &view,
-                        &projection::Context {
-                            tenant: &tenant,
-                            policy,
-                            memo: &self.memo,
-                            state: &state,
-                        },
-                        prepared,
-                    )
+                    plan(&view, &tenant, policy, &self.memo, &state, prepared)
                 } else {
                     // Images to decode and check (or downscale): on the blocking pool, so this
                     // worker's other connections keep moving.
@@ -247,14 +231,13 @@ impl Shared {
         let planned = tokio::task::spawn_blocking(move || {
             let view = job.dialect.read_view(&job.body).ok()?;
             let prepared = projection::Prepared::new(&view, &job.tenant, &shared.memo);
-            let projection = projection::project_prepared(
+            let policy = job.route.policy(&job.read_tool);
+            let projection = plan(
                 &view,
-                &projection::Context {
-                    tenant: &job.tenant,
-                    policy: job.route.policy(&job.read_tool),
-                    memo: &shared.memo,
-                    state: &job.state,
-                },
+                &job.tenant,
+                policy,
+                &shared.memo,
+                &job.state,
                 prepared,
             );
             Some((projection, job.state))
@@ -295,6 +278,24 @@ impl Shared {
         }
         edits
     }
+}
+
+/// Stage 6: the core's plan of a prepared view.
+fn plan(
+    view: &RequestView<'_>,
+    tenant: &Tenant,
+    policy: Policy<'_>,
+    memo: &dyn Memos,
+    state: &SessionState,
+    prepared: projection::Prepared,
+) -> projection::Projection {
+    let ctx = projection::Context {
+        tenant,
+        policy,
+        memo,
+        state,
+    };
+    projection::project_prepared(view, &ctx, prepared)
 }
 
 /// What planning on the blocking pool takes with it.

@@ -205,9 +205,8 @@ impl App {
         }
         let (shared, tenant, request_id) =
             (self.shared.clone(), tenant.clone(), ctx.request_id.clone());
-        let (done, written) = tokio::sync::oneshot::channel::<()>();
         // On the commit tracker: shutdown waits for these writes as for the commits.
-        self.commits.spawn(async move {
+        let written = self.commits.spawn(async move {
             let stored = shared.put_all(&media, &tenant, true).await;
             for (spill, stored) in media.iter().zip(stored) {
                 if let Err(e) = stored {
@@ -215,7 +214,6 @@ impl App {
                     tracing::warn!(request_id, error = %e, "cannot store an image artifact");
                 }
             }
-            let _ = done.send(());
         });
         Ok(Some(written.map(|_| ()).boxed().shared()))
     }
