@@ -21,7 +21,7 @@
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
 //! - [`metrics`]: every Prometheus metric.
 //! - Leaves: [`tenant`] (who calls, as a fingerprint of the credential), [`image`] (checks,
-//!   downscaling), [`json`] (panic-free edits of untrusted JSON).
+//!   downscaling), [`json`] (panic-free edits of untrusted JSON), [`tokens`] (token estimates).
 
 pub mod config;
 pub mod dialect;
@@ -39,4 +39,5 @@ pub mod route;
 pub mod server;
 pub mod store;
 pub mod tenant;
+pub mod tokens;
 pub mod upstream;

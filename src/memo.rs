@@ -24,6 +24,9 @@ const PAGE_MEMO_BYTES: u64 = 16 * 1024 * 1024;
 const EXTRACT_MEMO_BYTES: u64 = 64 * 1024 * 1024;
 /// Downscaled images, by content and policy (A6: same input, same output).
 const SHRINK_MEMO_BYTES: u64 = 32 * 1024 * 1024;
+/// Token counts of the context guard, per fragment of a request (docs/context-guard.md): 32
+/// bytes an entry, so a million fragments, far more than the live sessions of a gateway hold.
+const TOKEN_MEMO_ENTRIES: u64 = 1 << 20;
 
 pub struct Memo {
     pages: moka::sync::Cache<u128, Memoized>,
@@ -32,6 +35,7 @@ pub struct Memo {
     shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
     /// Compiled `tool_lifetimes` globs (compiling one costs far more than matching it).
     globs: moka::sync::Cache<String, Option<globset::GlobMatcher>>,
+    tokens: moka::sync::Cache<u128, u64>,
     /// Per process: the memo never leaves it, and a random seed keeps its keys unguessable.
     seed: u64,
 }
@@ -79,6 +83,10 @@ impl Memo {
                 })
                 .build(),
             globs: moka::sync::Cache::new(1024),
+            tokens: moka::sync::Cache::builder()
+                .max_capacity(TOKEN_MEMO_ENTRIES)
+                .time_to_idle(ttl / 2)
+                .build(),
             seed: uuid::Uuid::new_v4().as_u64_pair().0,
         }
     }
@@ -135,6 +143,14 @@ impl Memos for Memo {
         let key = self.key(tenant, &[&(k as u64).to_le_bytes(), part.get().as_bytes()]);
         self.users
             .get_with(key, || Fresh.user_image(part, k, tenant))
+    }
+
+    fn tokens(&self, key: u128) -> Option<u64> {
+        self.tokens.get(&key)
+    }
+
+    fn keep_tokens(&self, key: u128, tokens: u64) {
+        self.tokens.insert(key, tokens);
     }
 
     fn glob_matches(&self, pattern: &str, name: &str) -> bool {

@@ -86,6 +86,13 @@ pub struct Metrics {
     pub read_rounds: Histogram,
     /// 1 while the store answered its last check (every few seconds and on each /readyz), else 0.
     pub store_up: IntGaugeVec,
+    /// Tool results the context guard retired, counted when the retirement is committed (once
+    /// per result, however many requests chose it).
+    pub context_retired_total: IntCounterVec,
+    /// Requests still over their window's room with nothing left to retire (forwarded anyway).
+    pub context_overflows_total: IntCounterVec,
+    /// The estimated input tokens of requests the guard looked at, as forwarded.
+    pub input_tokens_estimated: Histogram,
 }
 
 impl Metrics {
@@ -260,6 +267,30 @@ impl Metrics {
         registry.register(Box::new(connections_open.clone()))?;
         registry.register(Box::new(streams_total.clone()))?;
         registry.register(Box::new(errors_total.clone()))?;
+        let context_retired_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_context_retired_total",
+                "Tool results retired by the context-window guard, by route.",
+            ),
+            &["route"],
+        )?;
+        let context_overflows_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_context_overflows_total",
+                "Requests over their context window with nothing left to retire, by route.",
+            ),
+            &["route"],
+        )?;
+        let input_tokens_estimated = Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_input_tokens_estimated",
+                "Estimated input tokens of requests the context guard looked at, after projection.",
+            )
+            .buckets(prometheus::exponential_buckets(1000.0, 2.0, 12)?),
+        )?;
+        registry.register(Box::new(context_retired_total.clone()))?;
+        registry.register(Box::new(context_overflows_total.clone()))?;
+        registry.register(Box::new(input_tokens_estimated.clone()))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -287,6 +318,9 @@ impl Metrics {
             store_up,
             read_calls_total,
             read_rounds,
+            context_retired_total,
+            context_overflows_total,
+            input_tokens_estimated,
         })
     }
 

@@ -54,6 +54,11 @@ impl RouteTable {
     pub fn new(configs: &[RouteConfig]) -> Result<Self, ConfigError> {
         let mut routes = Vec::with_capacity(configs.len());
         for (i, config) in configs.iter().enumerate() {
+            if config.context.enabled() {
+                // The tokenizers' tables load on first use: at startup, not in a request.
+                use crate::tokens::Tokenizer;
+                config.context.tokenizer.unwrap_or(Tokenizer::O200k).warm();
+            }
             let mut set = GlobSetBuilder::new();
             for (j, glob) in config.models.iter().enumerate() {
                 let glob = Glob::new(glob).map_err(|e| ConfigError {

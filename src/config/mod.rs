@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use crate::dialect::Dialect;
 use crate::projection::policy::Policy;
 pub use crate::projection::policy::{
-    ImageLimits as ImagesConfig, Lifetime, Modality, PageLimits as ExitConfig,
+    ContextLimits as ContextConfig, ImageLimits as ImagesConfig, Lifetime, Modality,
+    PageLimits as ExitConfig,
 };
 
 /// Where the proxy listens by default: loopback, so a sidecar is not reachable from outside the pod
@@ -60,6 +61,17 @@ pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
 pub const DEFAULT_MAX_DIMENSION: u32 = 8000;
 pub const DEFAULT_RECENT_COUNT: usize = 3;
 pub const DEFAULT_PRUNE_BATCH: usize = 2;
+/// Act at 90 % of the room: close enough to the window to retire rarely, far enough that the
+/// estimate's error (docs/context-guard.md) does not reach the provider's limit.
+pub const DEFAULT_CONTEXT_TRIGGER: f64 = 0.9;
+/// Retire down to 60 %: a batch then buys many turns before the next one, so the prompt cache
+/// is invalidated rarely (Anthropic advises clearing in large batches for this reason).
+pub const DEFAULT_CONTEXT_TARGET: f64 = 0.6;
+/// The model is usually working on the results of its last two turns.
+pub const DEFAULT_KEEP_RECENT_TURNS: usize = 2;
+/// What a request without `max_tokens` is assumed to ask for: the common default output
+/// budget of today's agents (Claude Code and Codex ask for 32k at most).
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 32_000;
 /// Read rounds per request (C2): enough for a few pages, bounded so a model that keeps reading
 /// still answers.
 pub const DEFAULT_MAX_READ_STEPS: usize = 4;
@@ -150,6 +162,7 @@ pub struct RouteConfig {
     pub exit: ExitConfig,
     pub images: ImagesConfig,
     pub tool_lifetimes: BTreeMap<String, Lifetime>,
+    pub context: ContextConfig,
 }
 
 impl Default for Config {
@@ -234,6 +247,20 @@ impl Default for RouteConfig {
             exit: ExitConfig::default(),
             images: ImagesConfig::default(),
             tool_lifetimes: BTreeMap::from([("*screenshot*".to_string(), Lifetime::Recent)]),
+            context: ContextConfig::default(),
+        }
+    }
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            window_tokens: 0,
+            trigger: DEFAULT_CONTEXT_TRIGGER,
+            target: DEFAULT_CONTEXT_TARGET,
+            keep_recent_turns: DEFAULT_KEEP_RECENT_TURNS,
+            output_tokens: DEFAULT_OUTPUT_TOKENS,
+            tokenizer: None,
         }
     }
 }
@@ -453,6 +480,7 @@ impl RouteConfig {
             accepts_images: self.input_modalities.contains(&Modality::Image),
             read_tool,
             tool_lifetimes: &self.tool_lifetimes,
+            context: &self.context,
         }
     }
 
@@ -528,6 +556,25 @@ impl RouteConfig {
             return Err(ConfigError::at(
                 format!("{at}.images.prune_batch"),
                 "must be at least 1",
+            ));
+        }
+        let c = &self.context;
+        if !(c.trigger > 0.0 && c.trigger <= 1.0) {
+            return Err(ConfigError::at(
+                format!("{at}.context.trigger"),
+                "must be above 0 and at most 1 (a share of the window)",
+            ));
+        }
+        if !(c.target > 0.0 && c.target < c.trigger) {
+            return Err(ConfigError::at(
+                format!("{at}.context.target"),
+                "must be above 0 and below trigger (retire down to less than what triggers)",
+            ));
+        }
+        if c.enabled() && c.output_tokens >= c.window_tokens {
+            return Err(ConfigError::at(
+                format!("{at}.context.output_tokens"),
+                "must be below window_tokens (the output shares the window)",
             ));
         }
         for glob in self.tool_lifetimes.keys() {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{span_of, Dialect, Text};
+use super::{count, span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -22,6 +22,8 @@ struct Request<'a> {
     system: Option<&'a RawValue>,
     #[serde(borrow)]
     metadata: Option<Metadata<'a>>,
+    #[serde(borrow)]
+    max_tokens: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -331,6 +333,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         root,
         body,
         shapes: &Dialect::AnthropicMessages,
+        max_output: count(request.max_tokens),
         model: request.model,
         tool_results,
         user_images,

@@ -143,6 +143,11 @@ impl Family {
 
 /// The byte span of `raw` inside `whole`. `raw` must have been borrowed from `whole` by
 /// serde_json; both are the same allocation, so the difference of their addresses is the offset.
+/// A token count a request names (`max_tokens` and its kin): a non-negative integer, else none.
+pub(crate) fn count(raw: Option<&RawValue>) -> Option<u64> {
+    raw.and_then(|r| r.get().trim().parse().ok())
+}
+
 pub(crate) fn span_of(whole: &str, raw: &RawValue) -> Span {
     let start = raw.get().as_ptr() as usize - whole.as_ptr() as usize;
     Span {

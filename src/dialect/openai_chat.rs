@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{elements, span_of, Dialect, Text};
+use super::{count, elements, span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -18,6 +18,10 @@ struct Request<'a> {
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Vec<Message<'a>>,
+    #[serde(borrow)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_tokens: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -116,6 +120,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         root,
         body,
         shapes: &Dialect::OpenAiChat,
+        max_output: count(request.max_completion_tokens).or(count(request.max_tokens)),
         model: request.model,
         tool_results,
         user_images,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{elements, span_of, Dialect, Text};
+use super::{count, elements, span_of, Dialect, Text};
 use crate::projection::{RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -22,6 +22,8 @@ struct Request<'a> {
     instructions: Option<&'a RawValue>,
     #[serde(borrow)]
     prompt_cache_key: Text<'a>,
+    #[serde(borrow)]
+    max_output_tokens: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +111,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         root,
         body,
         shapes: &Dialect::OpenAiResponses,
+        max_output: count(request.max_output_tokens),
         model: request.model,
         tool_results,
         user_images,

@@ -23,6 +23,13 @@ impl Shapes for Dialect {
         *self as u8
     }
 
+    fn tokenizer(&self) -> crate::tokens::Tokenizer {
+        match self {
+            Dialect::AnthropicMessages => crate::tokens::Tokenizer::Claude,
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => crate::tokens::Tokenizer::O200k,
+        }
+    }
+
     fn text_type(&self) -> &'static str {
         match self {
             Dialect::OpenAiResponses => "input_text",

@@ -31,6 +31,10 @@ pub trait Memos: Sync {
     fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>>;
     /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
     fn glob_matches(&self, pattern: &str, name: &str) -> bool;
+    /// The token count remembered under `key` (the context guard's estimate, per fragment).
+    fn tokens(&self, key: u128) -> Option<u64>;
+    /// Remembers a token count.
+    fn keep_tokens(&self, key: u128, tokens: u64);
     /// [`attach::shrink`].
     fn shrink(
         &self,
@@ -70,6 +74,12 @@ impl Memos for Fresh {
     fn glob_matches(&self, pattern: &str, name: &str) -> bool {
         globset::Glob::new(pattern).is_ok_and(|g| g.compile_matcher().is_match(name))
     }
+
+    fn tokens(&self, _: u128) -> Option<u64> {
+        None
+    }
+
+    fn keep_tokens(&self, _: u128, _: u64) {}
 
     fn shrink(
         &self,

@@ -2,19 +2,19 @@
 //! and its session's delivery state go in; the [`Projection`] comes out — byte edits, artifacts
 //! to store, the state delta to commit on success, and what happened, for metrics and headers.
 //! No I/O, no runtime, no caches (those come in through [`Memos`]), no provider JSON written
-//! (the dialect writes it through [`Shapes`]).
+//! (the dialect writes it through [`shapes::Shapes`]).
 //!
 //! - [`view`]: the view, edits and the splice (P1, P2).
 //! - [`artifact`]: content addressing (S3, T7).
 //! - [`policy`]: lifetimes, modalities, budgets.
 //! - [`exit`]: the text exit: pages, notices, cursors (T1-T7).
 //! - [`attach`]: images found, checked, selected under budgets; the delivery state (M, A).
+//! - [`guard`]: the context-window guard: estimate, retire the oldest tool results.
 //! - [`project`]: the one function that puts these together.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 
 use crate::tenant::Tenant;
 use attach::extract::Extracted;
@@ -24,14 +24,16 @@ use attach::{Item, Limits, Media, Outcome};
 pub mod artifact;
 pub mod attach;
 pub mod exit;
+pub mod guard;
 pub mod memos;
 pub mod policy;
+mod rewrite;
 pub mod shapes;
 pub mod view;
 
 use memos::Memos;
 use policy::{Lifetime, Policy};
-use shapes::{ImageRef, Shapes};
+use rewrite::{render_tool_content, render_user_part};
 pub use view::{splice, Edit, RequestView, Span, SpliceError, ToolResult, UserImage};
 
 /// What a request's projection changed, for the `x-sluice-projection` header (SPEC O3).
@@ -42,14 +44,20 @@ pub struct Summary {
     pub deferred: usize,
     pub refused: usize,
     pub placeholders: usize,
+    /// Tool results shown retired by the context guard; `None` where the guard is off.
+    pub retired: Option<usize>,
 }
 
 impl Summary {
     pub fn header_value(&self) -> String {
-        format!(
+        let mut value = format!(
             "spilled={}; embedded={}; deferred={}; refused={}; placeholders={}",
             self.spilled, self.embedded, self.deferred, self.refused, self.placeholders
-        )
+        );
+        if let Some(retired) = self.retired {
+            value.push_str(&format!("; retired={retired}"));
+        }
+        value
     }
 }
 
@@ -68,6 +76,8 @@ pub struct Projection {
     pub delta: Delta,
     /// Image placeholders that name an artifact the read tool can show again (C5).
     pub rereadable: usize,
+    /// What the context guard did, where it looked at the request.
+    pub context: Option<guard::Report>,
 }
 
 /// The source an image came from (a tool call id, or a fingerprint of the user's image part),
@@ -126,6 +136,11 @@ pub struct ImageEvent {
     /// Base64 bytes embedded.
     pub bytes: u64,
     pub downscaled: bool,
+    /// Its size as embedded (0 × 0 for a URL passed on or an image not shown).
+    pub width: u32,
+    pub height: u32,
+    /// The tool result it is in, by index in the view; `None` for a user image.
+    pub result: Option<usize>,
 }
 
 /// What projection needs besides the view: who asks, under which route's policy, and the memos
@@ -150,6 +165,7 @@ enum Place {
 /// The images of a request, found and checked (remembered per content): the part of
 /// projection that needs no session state, done first so a request without images can skip the
 /// session store entirely.
+#[derive(Clone)]
 pub struct Prepared {
     extracted: Vec<Option<Arc<Extracted>>>,
     users: Vec<Option<Arc<Item>>>,
@@ -207,6 +223,16 @@ impl Prepared {
     pub fn has_images(&self) -> bool {
         self.extracted.iter().any(Option::is_some) || self.users.iter().any(Option::is_some)
     }
+
+    /// How many images the request carries.
+    pub fn images(&self) -> usize {
+        self.extracted
+            .iter()
+            .flatten()
+            .map(|e| e.items.len())
+            .sum::<usize>()
+            + self.users.iter().flatten().count()
+    }
 }
 
 /// Projects a request: images first (M1-M5, A1, A5-A7), then the text exit on what text
@@ -216,12 +242,24 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>) -> Projection {
     project_prepared(view, ctx, Prepared::new(view, ctx.tenant, ctx.memo))
 }
 
-/// [`project`] with the images already found.
+/// [`project`] with the images already found, under the route's context guard
+/// ([`guard::project`]).
 pub fn project_prepared(
     view: &RequestView<'_>,
     ctx: &Context<'_>,
     prepared: Prepared,
 ) -> Projection {
+    guard::project(view, ctx, prepared)
+}
+
+/// Projects a request with the tool results `retired` names (by index) shown retired.
+pub(super) fn project_with(
+    view: &RequestView<'_>,
+    ctx: &Context<'_>,
+    prepared: Prepared,
+    retired: &[bool],
+) -> Projection {
+    let is_retired = |i: usize| retired.get(i).copied().unwrap_or(false);
     let policy = exit::Policy {
         tenant: ctx.tenant,
         budget: ctx.policy.budget(),
@@ -229,7 +267,12 @@ pub fn project_prepared(
     };
     let mut out = Projection::default();
     // Extract the images of tool results (remembered per content) and user messages.
-    let Prepared { extracted, users } = prepared;
+    let Prepared {
+        mut extracted,
+        users,
+    } = prepared;
+    // Retired results first: one line each; their images leave the request (A10).
+    guard::show_retired(view, ctx, &mut extracted, retired, &mut out);
     // Every image's artifact goes to the store each time; the store's cache makes a known one
     // free, and a stale one is stored again, refreshing its expiry.
     for e in extracted.iter().flatten() {
@@ -307,8 +350,11 @@ pub fn project_prepared(
         .collect();
     let mut user_outcomes: Vec<Option<Outcome>> = vec![None; users.len()];
     for ((_, _, place), outcome) in places.iter().zip(decided) {
-        let ev = event(&outcome);
-        out.images.push(ev);
+        let result = match *place {
+            Place::Tool(ri, _) => Some(ri),
+            Place::User(_) => None,
+        };
+        out.images.push(event(&outcome, result));
         if matches!(outcome, Outcome::Retired | Outcome::Deferred)
             && item_at(*place).is_some_and(|i| i.id.is_some())
         {
@@ -354,7 +400,9 @@ pub fn project_prepared(
         }
     }
     // The other tool results: the text exit alone.
-    let text = exit::project(view, &policy, ctx.memo, &|i| extracted[i].is_some());
+    let text = exit::project(view, &policy, ctx.memo, &|i| {
+        extracted[i].is_some() || is_retired(i)
+    });
     out.edits.extend(text.edits);
     out.summary.spilled += text.spilled;
     out.spills.extend(text.spills);
@@ -393,7 +441,7 @@ fn media_artifacts<'a>(items: impl IntoIterator<Item = &'a Item>) -> Vec<exit::S
         .collect()
 }
 
-fn event(outcome: &Outcome) -> ImageEvent {
+fn event(outcome: &Outcome, result: Option<usize>) -> ImageEvent {
     let (name, reason, bytes, downscaled) = match outcome {
         Outcome::Embed(e) => ("embedded", "", e.base64.len() as u64, e.downscaled),
         Outcome::KeepRemote => ("embedded", "remote", 0, false),
@@ -402,79 +450,18 @@ fn event(outcome: &Outcome) -> ImageEvent {
         Outcome::Gated => ("placeholder", "no_image_input", 0, false),
         Outcome::Retired => ("placeholder", "shown_before", 0, false),
     };
+    let (width, height) = match outcome {
+        Outcome::Embed(e) => (e.width, e.height),
+        _ => (0, 0),
+    };
     ImageEvent {
         outcome: name,
         reason,
         bytes,
         downscaled,
-    }
-}
-
-fn json_string(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
-}
-
-/// A tool result's new content: its text, then its shown images where the dialect allows images
-/// in tool results, then its other parts. Where it does not (OpenAI chat), the images come back
-/// separately, each after its reference, to go in a user message after the turn.
-fn render_tool_content(
-    shapes: &dyn Shapes,
-    result: &ToolResult<'_>,
-    e: &Extracted,
-    outcomes: &[Outcome],
-    text: &str,
-) -> (String, Vec<String>) {
-    let text_json = json_string(text);
-    let text_part = |json: &str| format!(r#"{{"type":"{}","text":{json}}}"#, shapes.text_type());
-    let mut parts: Vec<String> = vec![text_part(&text_json)];
-    let mut after_turn: Vec<String> = Vec::new();
-    for (item, outcome) in e.items.iter().zip(outcomes) {
-        let image = match (outcome, &item.media) {
-            (Outcome::Embed(em), _) => ImageRef::Data(em),
-            (Outcome::KeepRemote, Media::Remote(url)) => ImageRef::Url(url),
-            _ => continue,
-        };
-        let part = shapes.image_part(&image, item.extras.as_deref());
-        if shapes.images_in_tool_results() {
-            parts.push(part);
-        } else {
-            after_turn.push(text_part(&json_string(&item.reference())));
-            after_turn.push(part);
-        }
-    }
-    parts.extend(e.others.iter().cloned());
-    if let (Some(cc), Some(last)) = (&e.cache_control, parts.last_mut()) {
-        if last.ends_with('}') && !last.contains("\"cache_control\"") {
-            last.pop();
-            last.push_str(",\"cache_control\":");
-            last.push_str(cc);
-            last.push('}');
-        }
-    }
-    let content = if !shapes.images_in_tool_results() && result.content.get().starts_with('"') {
-        text_json
-    } else {
-        format!("[{}]", parts.join(","))
-    };
-    (content, after_turn)
-}
-
-/// A user image part as it must be sent, or `None` to leave its bytes untouched (P1).
-fn render_user_part(
-    shapes: &dyn Shapes,
-    part: &RawValue,
-    item: &Item,
-    outcome: &Outcome,
-) -> Option<String> {
-    match outcome {
-        Outcome::KeepRemote => None,
-        Outcome::Embed(em) if !em.downscaled && !em.relabelled => None,
-        // The right label (and the smaller bytes), the part's other fields kept.
-        Outcome::Embed(em) => shapes.user_image_part(part, em),
-        other => {
-            let text = attach::note(item, other).unwrap_or_else(|| item.reference());
-            Some(shapes.user_note_part(part, &json_string(&text)))
-        }
+        width,
+        height,
+        result,
     }
 }
 

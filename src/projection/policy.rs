@@ -47,6 +47,31 @@ pub struct ImageLimits {
     pub downscale: bool,
 }
 
+/// The context-window guard (`[routes.context]`, docs/context-guard.md): when a request's
+/// estimated input passes `trigger` of the room its window leaves after the requested output,
+/// the oldest tool results are retired, in one batch, down to `target` of that room.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContextLimits {
+    /// The model's context window in tokens; 0 turns the guard off.
+    pub window_tokens: u64,
+    pub trigger: f64,
+    pub target: f64,
+    /// Tool results of the last this many assistant turns are never retired.
+    pub keep_recent_turns: usize,
+    /// The output a request is assumed to ask for when it names no `max_tokens` (or its
+    /// dialect's name for it).
+    pub output_tokens: u64,
+    /// How input is counted; by default the dialect's: Claude for Anthropic, o200k for OpenAI.
+    pub tokenizer: Option<crate::tokens::Tokenizer>,
+}
+
+impl ContextLimits {
+    pub fn enabled(&self) -> bool {
+        self.window_tokens > 0
+    }
+}
+
 /// Everything the projection needs to know of a request's route.
 #[derive(Debug, Clone, Copy)]
 pub struct Policy<'a> {
@@ -57,6 +82,7 @@ pub struct Policy<'a> {
     pub read_tool: &'a str,
     /// `tool_lifetimes`: tool-name glob → lifetime (M5).
     pub tool_lifetimes: &'a BTreeMap<String, Lifetime>,
+    pub context: &'a ContextLimits,
 }
 
 impl Policy<'_> {

@@ -18,6 +18,9 @@ pub trait Shapes: std::fmt::Debug + Sync {
     /// A number that differs between dialects (it keys the memo of projected results).
     fn tag(&self) -> u8;
 
+    /// How the provider's input is counted when the route names no tokenizer.
+    fn tokenizer(&self) -> crate::tokens::Tokenizer;
+
     /// The `type` of a text content part in a request (`text`, or Responses' `input_text`).
     fn text_type(&self) -> &'static str;
 

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use super::shapes::Shapes;
 
 /// A half-open byte range `[start, end)` in the request body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Span {
     pub start: usize,
     pub end: usize,
@@ -61,6 +61,9 @@ pub struct RequestView<'a> {
     /// the parts a dialect reads them in), for the session fingerprint when there is no
     /// explicit session.
     pub root: Vec<Cow<'a, str>>,
+    /// The output the request asks room for (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`), when it names it.
+    pub max_output: Option<u64>,
 }
 
 impl<'a> RequestView<'a> {
@@ -84,6 +87,7 @@ impl<'a> RequestView<'a> {
             tools: None,
             conversation: None,
             root: Vec::new(),
+            max_output: None,
         }
     }
 }

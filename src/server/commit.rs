@@ -33,6 +33,8 @@ pub(super) struct Commit {
     delta: Delta,
     /// The media writes of the request, when it has any.
     written: Option<Written>,
+    /// The route's name, for the metrics.
+    route: String,
 }
 
 impl Commit {
@@ -42,6 +44,7 @@ impl Commit {
             to: None,
             delta: Delta::default(),
             written: None,
+            route: String::new(),
         }
     }
 
@@ -50,11 +53,13 @@ impl Commit {
         tasks: &TaskTracker,
         session: Option<SessionKey>,
         delta: Delta,
+        route: &str,
     ) -> Commit {
         Commit {
             to: session.map(|s| (shared.clone(), tasks.clone(), s)),
             delta,
             written: None,
+            route: route.to_owned(),
         }
     }
 
@@ -92,11 +97,12 @@ impl Commit {
         if complete {
             let delta = std::mem::take(&mut self.delta);
             let written = self.written.take();
+            let route = std::mem::take(&mut self.route);
             tasks.spawn(async move {
                 if let Some(written) = written {
                     written.await;
                 }
-                shared.commit(&session, &delta).await
+                shared.commit(&session, &delta, &route).await
             });
         } else {
             shared.discarded();
@@ -158,7 +164,7 @@ impl http_body::Body for WholeBody {
 impl Shared {
     /// Writes the delivery-state delta of a request whose response completed (A9), and
     /// records how it went: `committed` (with the images it pruned) or `failed`.
-    pub(super) async fn commit(&self, session: &SessionKey, delta: &Delta) {
+    pub(super) async fn commit(&self, session: &SessionKey, delta: &Delta, route: &str) {
         let pruned = delta
             .records
             .values()
@@ -171,8 +177,14 @@ impl Shared {
             .with_label_values(&[self.sessions.backend(), "commit"])
             .observe(started.elapsed().as_secs_f64());
         let outcome = match result {
-            Ok(()) => {
+            Ok(retired) => {
                 self.metrics.images_pruned_total.inc_by(pruned);
+                if retired > 0 {
+                    self.metrics
+                        .context_retired_total
+                        .with_label_values(&[route])
+                        .inc_by(retired);
+                }
                 "committed"
             }
             Err(e) => {

@@ -104,19 +104,26 @@ impl Shared {
         let policy = route.config.policy(&read_tool);
         let accepts_images = policy.accepts_images;
         let light = projection::Prepared::without_images(&view, &tenant, &self.memo);
+        // The context guard needs the session (its retired results) and counts tokens, once the
+        // request is large enough to reach its trigger.
+        let guarded = projection::guard::Thresholds::of(&view, &route.config.context)
+            .is_some_and(|t| t.engaged(&view, 0));
         let mut projection = match light {
-            // No image: no session is needed for it.
-            Some(prepared) => plan(&view, &tenant, policy, &self.memo, &state, prepared),
-            None => {
+            // No image and no guard: no session is needed.
+            Some(prepared) if !guarded => {
+                plan(&view, &tenant, policy, &self.memo, &state, prepared)
+            }
+            light => {
                 (session, state) = self
                     .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
                 if pooled {
-                    let prepared = projection::Prepared::new(&view, &tenant, &self.memo);
+                    let prepared = light
+                        .unwrap_or_else(|| projection::Prepared::new(&view, &tenant, &self.memo));
                     plan(&view, &tenant, policy, &self.memo, &state, prepared)
                 } else {
-                    // Images to decode and check (or downscale): on the blocking pool, so this
-                    // worker's other connections keep moving.
+                    // Images to decode and check (or downscale), tokens to count: on the
+                    // blocking pool, so this worker's other connections keep moving.
                     let job = Planning {
                         dialect,
                         body: body.clone(),
@@ -133,7 +140,9 @@ impl Shared {
         };
         // C1, C5: a request sluice changes nothing in gets no tool (P1).
         let offer = route.config.max_read_steps > 0
-            && (projection.summary.spilled > 0 || (projection.rereadable > 0 && accepts_images));
+            && (projection.summary.spilled > 0
+                || projection.summary.retired.unwrap_or(0) > 0
+                || (projection.rereadable > 0 && accepts_images));
         let mut tool = None;
         if offer {
             if session.is_none() {

@@ -82,10 +82,14 @@ impl App {
             &self.commits,
             session.filter(|_| shows_model),
             projection.delta,
+            &route.config.name,
         );
         let spills = std::mem::take(&mut projection.spills);
         commit.after(self.persist(spills, &tenant, ctx, route).await?);
         self.count_images(&projection.images);
+        if let Some(report) = projection.context {
+            self.count_context(&report, &route.config.name, &ctx.request_id);
+        }
         for (key, value) in projection.memos {
             self.memo.insert_page(key, value);
         }
@@ -216,6 +220,42 @@ impl App {
             }
         });
         Ok(Some(written.map(|_| ()).boxed().shared()))
+    }
+
+    /// What the context guard did, in the metrics and, for a batch or an overflow, the log.
+    fn count_context(&self, report: &projection::guard::Report, route: &str, request_id: &str) {
+        self.metrics
+            .input_tokens_estimated
+            .observe(report.estimated as f64);
+        tracing::debug!(
+            request_id,
+            estimated = report.estimated,
+            limit = report.limit,
+            retired = report.retired,
+            "context estimate"
+        );
+        if report.batch > 0 {
+            tracing::info!(
+                request_id,
+                route,
+                retired = report.batch,
+                estimated = report.estimated,
+                limit = report.limit,
+                "context guard retired a batch of tool results"
+            );
+        }
+        if report.overflow {
+            self.metrics
+                .context_overflows_total
+                .with_label_values(&[route])
+                .inc();
+            tracing::warn!(
+                request_id,
+                route,
+                estimated = report.estimated,
+                "over the context window with nothing left to retire; forwarded as it is"
+            );
+        }
     }
 
     /// Each image's fate, in the metrics.

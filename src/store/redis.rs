@@ -20,21 +20,22 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use super::{ArtifactId, ArtifactStore, StoreError};
 use crate::config::Lifetime;
 use crate::projection::attach::state::{
-    released_key, Delta, Record, SessionState, Status, MAX_LINKS, MAX_RELEASED,
+    released_key, Delta, Record, SessionState, Status, MAX_LINKS, MAX_RELEASED, MAX_RETIRED,
 };
 use crate::store::session::{SessionKey, SessionStore};
 use crate::tenant::Tenant;
 
-/// Merges a delta. KEYS: the records hash, the released set, the links set. ARGV: TTL, stamp,
-/// the two caps, the number of records, then per record its identity, value and released key
-/// (hex), then the new links. A value's first character is its status rank, which only rises;
+/// Merges a delta. KEYS: the records hash, the released set, the links set, the retired set.
+/// ARGV: TTL, stamp, the three caps, the number of records, then per record its identity, value
+/// and released key (hex), then the number of links and the links, then the retired keys (hex). Returns how many of
+/// those were not retired yet. A value's first character is its status rank, which only rises;
 /// rank 3 (released) leaves the hash for the released set, and a released identity is never
 /// written back to the hash.
 const MERGE: &str = r"
 local ttl, stamp = ARGV[1], ARGV[2]
-local max_released, max_links = tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
-local i = 6
+local max_released, max_links, max_retired = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
+local i = 7
 for _ = 1, n do
   local field, value, released = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
@@ -50,17 +51,26 @@ for _ = 1, n do
     end
   end
 end
-for j = i, #ARGV do
+local links = tonumber(ARGV[i])
+for j = i + 1, i + links do
   if not redis.call('ZSCORE', KEYS[3], ARGV[j]) then
     redis.call('ZADD', KEYS[3], stamp, ARGV[j])
   end
 end
+local retired = 0
+for j = i + links + 1, #ARGV do
+  if not redis.call('ZSCORE', KEYS[4], ARGV[j]) then
+    redis.call('ZADD', KEYS[4], stamp, ARGV[j])
+    retired = retired + 1
+  end
+end
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(max_released + 1))
 redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(max_links + 1))
-for k = 1, 3 do
+redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -(max_retired + 1))
+for k = 1, 4 do
   redis.call('EXPIRE', KEYS[k], ttl)
 end
-return 1
+return retired
 ";
 
 #[derive(Clone)]
@@ -109,12 +119,13 @@ impl RedisStore {
         format!("sluice:a:{}:{id}", tenant.namespace())
     }
 
-    /// A session's three keys: live records, released, links.
-    fn session_keys(key: &SessionKey) -> [String; 3] {
+    /// A session's four keys: live records, released, links, retired.
+    fn session_keys(key: &SessionKey) -> [String; 4] {
         let records = format!("sluice:s:{}", key.0);
         let released = format!("{records}:released");
         let links = format!("{records}:links");
-        [records, released, links]
+        let retired = format!("{records}:retired");
+        [records, released, links, retired]
     }
 }
 
@@ -198,21 +209,25 @@ impl ArtifactStore for RedisStore {
 impl SessionStore for RedisStore {
     async fn load(&self, key: &SessionKey) -> Result<SessionState, StoreError> {
         let mut conn = self.conn.clone();
-        let [records, released, links] = Self::session_keys(key);
+        let [records, released, links, retired] = Self::session_keys(key);
         type Scored = Vec<(String, f64)>;
-        let (fields, released, links): (Vec<(String, String)>, Scored, Scored) = redis::pipe()
-            .hgetall(&records)
-            .zrange_withscores(&released, 0, -1)
-            .zrange_withscores(&links, 0, -1)
-            .expire(&records, self.ttl as i64)
-            .ignore()
-            .expire(&released, self.ttl as i64)
-            .ignore()
-            .expire(&links, self.ttl as i64)
-            .ignore()
-            .query_async(&mut conn)
-            .await
-            .map_err(err)?;
+        let (fields, released, links, retired): (Vec<(String, String)>, Scored, Scored, Scored) =
+            redis::pipe()
+                .hgetall(&records)
+                .zrange_withscores(&released, 0, -1)
+                .zrange_withscores(&links, 0, -1)
+                .zrange_withscores(&retired, 0, -1)
+                .expire(&records, self.ttl as i64)
+                .ignore()
+                .expire(&released, self.ttl as i64)
+                .ignore()
+                .expire(&links, self.ttl as i64)
+                .ignore()
+                .expire(&retired, self.ttl as i64)
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .map_err(err)?;
         // Scores are millisecond stamps: exact in an f64 for millennia.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let stamp = |score: f64| score as u64;
@@ -226,23 +241,29 @@ impl SessionStore for RedisStore {
                 .filter_map(|(k, s)| Some((u64::from_str_radix(&k, 16).ok()?, stamp(s))))
                 .collect(),
             links: links.into_iter().map(|(k, s)| (k, stamp(s))).collect(),
+            retired: retired
+                .into_iter()
+                .filter_map(|(k, s)| Some((u64::from_str_radix(&k, 16).ok()?, stamp(s))))
+                .collect(),
         };
         // Records of an older version's layout: read as now (they expire with the session).
         state.normalize(0);
         Ok(state)
     }
 
-    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<(), StoreError> {
+    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
-        let [records, released, links] = Self::session_keys(key);
+        let [records, released, links, retired] = Self::session_keys(key);
         let mut invocation = self.merge.key(records);
         invocation
             .key(released)
             .key(links)
+            .key(retired)
             .arg(self.ttl)
             .arg(crate::store::session::stamp())
             .arg(MAX_RELEASED)
             .arg(MAX_LINKS)
+            .arg(MAX_RETIRED)
             .arg(delta.records.len());
         for (k, record) in &delta.records {
             invocation
@@ -250,14 +271,14 @@ impl SessionStore for RedisStore {
                 .arg(encode(record))
                 .arg(format!("{:016x}", released_key(k)));
         }
+        invocation.arg(delta.links.len());
         for link in &delta.links {
             invocation.arg(link);
         }
-        invocation
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map(|_| ())
-            .map_err(err)
+        for key in &delta.retired {
+            invocation.arg(format!("{key:016x}"));
+        }
+        invocation.invoke_async::<u64>(&mut conn).await.map_err(err)
     }
 }
 

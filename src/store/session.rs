@@ -88,12 +88,14 @@ pub trait SessionStore: Send + Sync + 'static {
         &self,
         key: &SessionKey,
     ) -> impl Future<Output = Result<SessionState, StoreError>> + Send;
-    /// Merges `delta` into the session's state and makes it durable.
+    /// Merges `delta` into the session's state and makes it durable; returns how many tool
+    /// results it retired that were not retired yet (for the metrics: a batch that two
+    /// requests of a session both chose is counted once).
     fn commit(
         &self,
         key: &SessionKey,
         delta: &Delta,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
@@ -182,12 +184,13 @@ impl SessionStore for EmbeddedSessions {
         Self::read(&self.db, &key.0, self.ttl)
     }
 
-    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<(), StoreError> {
+    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<u64, StoreError> {
         let (db, key, delta, ttl) = (self.db.clone(), key.0.clone(), delta.clone(), self.ttl);
         tokio::task::spawn_blocking(move || {
             // One write transaction: read, merge, write. redb serialises writers, so two
             // commits of one session cannot interleave.
             let txn = db.begin_write().map_err(io)?;
+            let retired;
             {
                 let mut table = txn.open_table(SESSIONS).map_err(io)?;
                 let mut state = match table.get(key.as_str()).map_err(io)? {
@@ -201,7 +204,7 @@ impl SessionStore for EmbeddedSessions {
                         .unwrap_or_default(),
                     None => SessionState::default(),
                 };
-                apply(&mut state, &delta, stamp());
+                retired = apply(&mut state, &delta, stamp());
                 let bytes = serde_json::to_vec(&Stored {
                     touched: now(),
                     state,
@@ -209,7 +212,8 @@ impl SessionStore for EmbeddedSessions {
                 .map_err(io)?;
                 table.insert(key.as_str(), bytes.as_slice()).map_err(io)?;
             }
-            txn.commit().map_err(io)
+            txn.commit().map_err(io)?;
+            Ok(retired)
         })
         .await
         .map_err(|_| StoreError::Task)?
@@ -240,7 +244,7 @@ impl SessionStore for Sessions {
         }
     }
 
-    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<(), StoreError> {
+    async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<u64, StoreError> {
         match self {
             Sessions::Embedded(s) => s.commit(key, delta).await,
             Sessions::Redis(s) => s.commit(key, delta).await,
@@ -308,6 +312,7 @@ mod tests {
             )]
             .into(),
             links: Default::default(),
+            retired: [xxhash_rust::xxh3::xxh3_64(k.as_bytes())].into(),
         };
         {
             let store = EmbeddedSessions::open(dir.path(), Duration::from_secs(60)).unwrap();
@@ -332,6 +337,7 @@ mod tests {
             "never moves back"
         );
         assert_eq!(state.records.len(), 2);
+        assert_eq!(state.retired.len(), 2, "retired results survive reopening");
         drop(store);
         let expired = EmbeddedSessions::open(dir.path(), Duration::from_secs(0)).unwrap();
         std::thread::sleep(Duration::from_millis(1100));

@@ -2,7 +2,7 @@
 //! included) and answers in the dialect its path names: JSON or SSE, scripted text or tool
 //! calls, or an injected failure (status, a stream cut mid-way, a stall).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -76,6 +76,9 @@ struct State {
     script: VecDeque<Reply>,
     /// The content coding the mock answers in when the request accepts it, as a provider does.
     encoding: Option<&'static str>,
+    /// The model's context window: a request whose input and requested output pass it is
+    /// refused with the provider's own error (see [`context_rules`]).
+    window: Option<u64>,
 }
 
 impl Default for State {
@@ -85,6 +88,7 @@ impl Default for State {
             recorded: Vec::new(),
             script: VecDeque::new(),
             encoding: None,
+            window: None,
         }
     }
 }
@@ -149,6 +153,12 @@ impl MockUpstream {
     /// `Accept-Encoding` names it, streams flushed event by event; `None`: uncompressed.
     pub fn compress(&self, coding: Option<&'static str>) {
         self.state.lock().unwrap().encoding = coding;
+    }
+
+    /// Refuses requests whose input (counted as [`reference_tokens`] does) and requested
+    /// output pass `window` tokens, as the providers do; `None`: no limit.
+    pub fn context_window(&self, window: Option<u64>) {
+        self.state.lock().unwrap().window = window;
     }
 
     /// Lets a [`Reply::Gate`] stream go on.
@@ -334,12 +344,12 @@ async fn respond(
     };
     let request = recorded.json();
     let path = parts.uri.path().to_string();
-    let reply = {
+    let (reply, window) = {
         let mut state = state.lock().unwrap();
         if state.recording {
             state.recorded.push(recorded.clone());
         }
-        state.script.pop_front()
+        (state.script.pop_front(), state.window)
     };
     let stream = request["stream"] == json!(true);
     let model = request["model"]
@@ -371,6 +381,9 @@ async fn respond(
             400,
             json!({"error": {"message": refusal, "type": "invalid_request_error"}}).to_string(),
         );
+    }
+    if let Some(refusal) = window.and_then(|w| context_rules(dialect, &request, w)) {
+        return json_response(400, refusal);
     }
     let reply = reply
         .or_else(|| agent_shell(&request, dialect, &recorded.body))
@@ -675,6 +688,87 @@ where
         .header("cache-control", "no-cache")
         .body(BodyExt::boxed(StreamBody::new(frames)))
         .expect("response")
+}
+
+/// The input tokens of a request as the mock counts them, independently of sluice's estimate:
+/// every string value (not the keys) counted on its own with the dialect's tokenizer (o200k;
+/// Claude's estimate for Anthropic), base64 payloads left out, 4 tokens per message or input
+/// item, 1,600 per image part.
+fn reference_tokens(dialect: Dialect, request: &Value) -> u64 {
+    use sluice::tokens::Tokenizer;
+    let tokenizer = match dialect {
+        Dialect::Anthropic => Tokenizer::Claude,
+        _ => Tokenizer::O200k,
+    };
+    fn walk(v: &Value, tokenizer: Tokenizer, total: &mut u64) {
+        match v {
+            Value::String(s) => {
+                let payload = s.len() >= 256
+                    && (s.starts_with("data:")
+                        || s.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b)));
+                if !payload {
+                    // Remembered per string: an agent's history repeats every turn.
+                    static COUNTS: std::sync::OnceLock<Mutex<HashMap<(u8, u64), u64>>> =
+                        std::sync::OnceLock::new();
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    std::hash::Hash::hash(s, &mut h);
+                    let key = (tokenizer as u8, std::hash::Hasher::finish(&h));
+                    let counts = COUNTS.get_or_init(Default::default);
+                    let known = counts.lock().unwrap().get(&key).copied();
+                    *total += known.unwrap_or_else(|| {
+                        let n = tokenizer.count(s);
+                        counts.lock().unwrap().insert(key, n);
+                        n
+                    });
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, tokenizer, total)),
+            Value::Object(map) => {
+                if matches!(
+                    map.get("type").and_then(Value::as_str),
+                    Some("image" | "image_url" | "input_image")
+                ) {
+                    *total += 1600;
+                }
+                map.values().for_each(|i| walk(i, tokenizer, total));
+            }
+            _ => {}
+        }
+    }
+    let mut total = 0;
+    walk(request, tokenizer, &mut total);
+    let items = request["messages"]
+        .as_array()
+        .or(request["input"].as_array())
+        .map_or(0, Vec::len);
+    total + 4 * items as u64
+}
+
+/// The providers' context limit: input plus requested output over the window is a 400 with
+/// each provider's own error (OpenAI's `context_length_exceeded`, Anthropic's `prompt is too
+/// long`).
+fn context_rules(dialect: Dialect, request: &Value, window: u64) -> Option<String> {
+    let input = reference_tokens(dialect, request);
+    let output = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| request[k].as_u64())
+        .unwrap_or(0);
+    if input + output <= window {
+        return None;
+    }
+    Some(match dialect {
+        Dialect::Chat => json!({"error": {
+            "message": format!("This model's maximum context length is {window} tokens. However, your messages resulted in {} tokens. Please reduce the length of the messages.", input + output),
+            "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+        Dialect::Responses => json!({"error": {
+            "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+            "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}}),
+        Dialect::Anthropic => json!({"type": "error", "error": {
+            "type": "invalid_request_error",
+            "message": format!("prompt is too long: {input} tokens > {} maximum", window - output.min(window))}}),
+    }
+    .to_string())
 }
 
 /// The image rules the real providers enforce (WIRE.md), so a test sees the request a provider

@@ -105,6 +105,9 @@ pub struct Embedded {
     pub downscaled: bool,
     /// The label it came with was wrong (or missing): the bytes decided (M2).
     pub relabelled: bool,
+    /// Its size as shown, in pixels (for the token estimate).
+    pub width: u32,
+    pub height: u32,
 }
 
 impl Embedded {
@@ -118,6 +121,8 @@ impl Embedded {
             },
             downscaled,
             relabelled: image.relabelled,
+            width: image.width,
+            height: image.height,
         }
     }
 }

@@ -42,6 +42,10 @@ pub const MAX_RELEASED: usize = 512;
 /// Read-tool links remembered per session (C3): the hidden rounds of the newest this many turns
 /// that had any are spliced back in.
 pub const MAX_LINKS: usize = 256;
+/// Tool results retired by the context guard, remembered per session (docs/context-guard.md):
+/// far more than a session's window holds. Past it the oldest retirements are forgotten; such
+/// a result, if still in the history, is retired again in the next batch.
+pub const MAX_RETIRED: usize = 4096;
 
 /// One session's delivery state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +59,9 @@ pub struct SessionState {
     /// Read-tool links (their own encoding, see `read::Link`), with when they were made.
     #[serde(default)]
     pub links: BTreeMap<String, u64>,
+    /// Tool results the context guard retired, by their key (`projection::guard`), with when.
+    #[serde(default)]
+    pub retired: BTreeMap<u64, u64>,
 }
 
 /// The key a released attachment is remembered by.
@@ -97,6 +104,7 @@ impl SessionState {
         }
         trim(&mut self.released, MAX_RELEASED);
         trim(&mut self.links, MAX_LINKS);
+        trim(&mut self.retired, MAX_RETIRED);
     }
 }
 
@@ -191,11 +199,14 @@ pub struct Delta {
     /// Read-tool links made by this request (C3).
     #[serde(default)]
     pub links: std::collections::BTreeSet<String>,
+    /// Tool results the context guard retired in this request.
+    #[serde(default)]
+    pub retired: std::collections::BTreeSet<u64>,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.links.is_empty()
+        self.records.is_empty() && self.links.is_empty() && self.retired.is_empty()
     }
 }
 
@@ -249,8 +260,9 @@ pub fn settle(
 
 /// Merges `delta` into `state`, stamped `stamp`: each record keeps the furthest status, a
 /// released one leaves the records for `released` (commutative and idempotent, up to which of
-/// the oldest released attachments and links are forgotten past the caps).
-pub fn apply(state: &mut SessionState, delta: &Delta, stamp: u64) {
+/// the oldest released attachments and links are forgotten past the caps). Returns how many
+/// tool results it retired that the state did not hold retired yet.
+pub fn apply(state: &mut SessionState, delta: &Delta, stamp: u64) -> u64 {
     for (key, record) in &delta.records {
         let released = released_key(key);
         if record.status == Status::Released {
@@ -274,8 +286,17 @@ pub fn apply(state: &mut SessionState, delta: &Delta, stamp: u64) {
     for link in &delta.links {
         state.links.entry(link.clone()).or_insert(stamp);
     }
+    let mut retired = 0;
+    for key in &delta.retired {
+        if let std::collections::btree_map::Entry::Vacant(e) = state.retired.entry(*key) {
+            e.insert(stamp);
+            retired += 1;
+        }
+    }
     trim(&mut state.released, MAX_RELEASED);
     trim(&mut state.links, MAX_LINKS);
+    trim(&mut state.retired, MAX_RETIRED);
+    retired
 }
 
 #[cfg(test)]

@@ -152,6 +152,17 @@ fn read_content<'a>(content: &'a RawValue) -> Option<(Cow<'a, str>, Option<Vec<&
     Some((text, Some(parts)))
 }
 
+/// The text a tool result's content carries, as the text exit reads it (text parts joined by
+/// newlines); `None` when it is neither a string nor an array of parts.
+pub fn result_text(content: &RawValue) -> Option<String> {
+    if let Some((text, _)) = read_content(content) {
+        return Some(text.into_owned());
+    }
+    let fixed = crate::json::without_lone_surrogates(content.get())?;
+    let fixed = RawValue::from_string(fixed).ok()?;
+    read_content(&fixed).map(|(text, _)| text.into_owned())
+}
+
 /// Projects one tool result: `(None, None)` when it fits; else its replacement and its spill.
 fn project_result(
     shapes: &dyn Shapes,

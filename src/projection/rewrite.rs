@@ -1,0 +1,77 @@
+//! Writing the core's decisions back into a request's parts, through its dialect's [`Shapes`]:
+//! a tool result's new content (text, shown images, other parts), a user's image part.
+
+use serde_json::value::RawValue;
+
+use super::attach::extract::Extracted;
+use super::attach::{self, Item, Media, Outcome};
+use super::shapes::{ImageRef, Shapes};
+use super::view::ToolResult;
+
+pub(super) fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+/// A tool result's new content: its text, then its shown images where the dialect allows images
+/// in tool results, then its other parts. Where it does not (OpenAI chat), the images come back
+/// separately, each after its reference, to go in a user message after the turn.
+pub(super) fn render_tool_content(
+    shapes: &dyn Shapes,
+    result: &ToolResult<'_>,
+    e: &Extracted,
+    outcomes: &[Outcome],
+    text: &str,
+) -> (String, Vec<String>) {
+    let text_json = json_string(text);
+    let text_part = |json: &str| format!(r#"{{"type":"{}","text":{json}}}"#, shapes.text_type());
+    let mut parts: Vec<String> = vec![text_part(&text_json)];
+    let mut after_turn: Vec<String> = Vec::new();
+    for (item, outcome) in e.items.iter().zip(outcomes) {
+        let image = match (outcome, &item.media) {
+            (Outcome::Embed(em), _) => ImageRef::Data(em),
+            (Outcome::KeepRemote, Media::Remote(url)) => ImageRef::Url(url),
+            _ => continue,
+        };
+        let part = shapes.image_part(&image, item.extras.as_deref());
+        if shapes.images_in_tool_results() {
+            parts.push(part);
+        } else {
+            after_turn.push(text_part(&json_string(&item.reference())));
+            after_turn.push(part);
+        }
+    }
+    parts.extend(e.others.iter().cloned());
+    if let (Some(cc), Some(last)) = (&e.cache_control, parts.last_mut()) {
+        if last.ends_with('}') && !last.contains("\"cache_control\"") {
+            last.pop();
+            last.push_str(",\"cache_control\":");
+            last.push_str(cc);
+            last.push('}');
+        }
+    }
+    let content = if !shapes.images_in_tool_results() && result.content.get().starts_with('"') {
+        text_json
+    } else {
+        format!("[{}]", parts.join(","))
+    };
+    (content, after_turn)
+}
+
+/// A user image part as it must be sent, or `None` to leave its bytes untouched (P1).
+pub(super) fn render_user_part(
+    shapes: &dyn Shapes,
+    part: &RawValue,
+    item: &Item,
+    outcome: &Outcome,
+) -> Option<String> {
+    match outcome {
+        Outcome::KeepRemote => None,
+        Outcome::Embed(em) if !em.downscaled && !em.relabelled => None,
+        // The right label (and the smaller bytes), the part's other fields kept.
+        Outcome::Embed(em) => shapes.user_image_part(part, em),
+        other => {
+            let text = attach::note(item, other).unwrap_or_else(|| item.reference());
+            Some(shapes.user_note_part(part, &json_string(&text)))
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! End-to-end: the context-window guard (docs/context-guard.md, `[routes.context]`) through the
+//! real binary, against a mock that refuses a request over its token window with each
+//! provider's own error. A scripted 200-turn agent session, whose raw history grows to about
+//! five windows, completes every turn with the guard, in all three dialects, streamed and not;
+//! without it, it fails from the turn the window is passed. Between retirement batches each
+//! forwarded request starts with the one before it, byte for byte; a retired result reads back
+//! exactly through the read endpoint.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use common::{client, get_as, metric, MockUpstream, Sluice};
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-context";
+const WINDOW: u64 = 48_000;
+const MAX_TOKENS: u64 = 1_000;
+const TURNS: usize = 200;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dialect {
+    Chat,
+    Responses,
+    Anthropic,
+}
+
+impl Dialect {
+    fn path(self) -> &'static str {
+        match self {
+            Dialect::Chat => "/v1/chat/completions",
+            Dialect::Responses => "/v1/responses",
+            Dialect::Anthropic => "/v1/messages",
+        }
+    }
+}
+
+fn config(upstream: &str, window: u64) -> String {
+    let context = format!("[routes.context]\nwindow_tokens = {window}\noutput_tokens = 4096\n");
+    format!(
+        r#"listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+drain_timeout_seconds = 5
+
+[upstream]
+first_byte_timeout_seconds = 20
+
+[[routes]]
+name = "openai"
+dialects = ["openai-chat", "openai-responses"]
+models = ["*"]
+upstream = "{upstream}"
+{context}
+[[routes]]
+name = "anthropic"
+dialects = ["anthropic-messages"]
+models = ["*"]
+upstream = "{upstream}"
+{context}"#
+    )
+}
+
+/// What a build tool prints on step `i`: about 4.5 KB of varied lines (some 1,100-1,300
+/// tokens), each step's different; 200 of them are five windows.
+fn output(i: usize) -> String {
+    (0..60)
+        .map(|j| {
+            format!(
+                "src/module_{i}/file_{j}.rs:{}:{}: warning: unused variable `value_{}` in step {i}",
+                (i * 7 + j * 13) % 997,
+                j % 80,
+                i * 31 + j
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The agent's request after `turns` tool calls, `messages`/`input` last so that a request
+/// starts with the one before it.
+fn request(dialect: Dialect, turns: usize, stream: bool) -> Value {
+    let args = |i: usize| format!("{{\"cmd\":\"cargo build --step {i}\"}}");
+    match dialect {
+        Dialect::Chat => {
+            let mut messages = vec![
+                json!({"role": "system", "content": "You are a coding agent."}),
+                json!({"role": "user", "content": "Fix the warnings."}),
+            ];
+            for i in 0..turns {
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("call_{i}"), "type": "function", "function": {"name": "bash", "arguments": args(i)}}]}));
+                messages.push(json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": output(i)}));
+            }
+            json!({"model": "gpt-4o", "max_tokens": MAX_TOKENS, "stream": stream,
+                   "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+                   "messages": messages})
+        }
+        Dialect::Responses => {
+            let mut input = vec![json!({"role": "user", "content": "Fix the warnings."})];
+            for i in 0..turns {
+                input.push(json!({"type": "function_call", "call_id": format!("call_{i}"), "name": "bash", "arguments": args(i)}));
+                input.push(json!({"type": "function_call_output", "call_id": format!("call_{i}"), "output": output(i)}));
+            }
+            json!({"model": "gpt-5", "max_output_tokens": MAX_TOKENS, "stream": stream,
+                   "tools": [{"type": "function", "name": "bash", "parameters": {"type": "object"}}],
+                   "input": input})
+        }
+        Dialect::Anthropic => {
+            let mut messages = vec![json!({"role": "user", "content": "Fix the warnings."})];
+            for i in 0..turns {
+                messages.push(json!({"role": "assistant", "content": [
+                    {"type": "tool_use", "id": format!("toolu_{i}"), "name": "bash", "input": {"cmd": format!("cargo build --step {i}")}}]}));
+                messages.push(json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": format!("toolu_{i}"), "content": output(i)}]}));
+            }
+            json!({"model": "claude-sonnet-4-5", "max_tokens": MAX_TOKENS, "stream": stream,
+                   "system": "You are a coding agent.",
+                   "tools": [{"name": "bash", "input_schema": {"type": "object"}}],
+                   "messages": messages})
+        }
+    }
+}
+
+/// One turn's outcome: its status, `x-sluice-projection`, and the response body.
+struct Turn {
+    status: u16,
+    projection: String,
+    body: String,
+}
+
+async fn send(sluice: &Sluice, dialect: Dialect, body: &Value) -> Turn {
+    let response = client()
+        .post(sluice.url(dialect.path()))
+        .bearer_auth(KEY)
+        .header("x-sluice-session", format!("context-{dialect:?}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let projection = response
+        .headers()
+        .get("x-sluice-projection")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    Turn {
+        status,
+        projection,
+        body: response.text().await.unwrap(),
+    }
+}
+
+fn retired_of(projection: &str) -> usize {
+    projection
+        .split(';')
+        .find_map(|kv| kv.trim().strip_prefix("retired="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no retired= in {projection:?}"))
+}
+
+/// The forwarded body without its closing brackets: what the next turn's must start with.
+fn open_prefix(body: &[u8]) -> &[u8] {
+    let end = body
+        .iter()
+        .rposition(|b| *b != b']' && *b != b'}')
+        .map_or(0, |i| i + 1);
+    &body[..end]
+}
+
+/// The cursors of retired placeholders in a forwarded body, with their artifact ids.
+fn retired_cursors(body: &str) -> Vec<(String, String)> {
+    body.split("tool output retired to save context")
+        .skip(1)
+        .map(|rest| {
+            let artifact = rest.split("artifact://").nth(1).unwrap();
+            let artifact: String = artifact
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            let cursor = rest.split("{\\\"cursor\\\":\\\"").nth(1).unwrap();
+            (artifact, cursor.split('\\').next().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// Runs the 200-turn session with the guard on; returns what the report needs.
+async fn guarded_session(dialect: Dialect, stream: bool) -> (usize, usize) {
+    let mock = MockUpstream::start();
+    mock.context_window(Some(WINDOW));
+    let sluice = Sluice::start(&config(&mock.base_url(), WINDOW));
+    let mut batches = 0;
+    let mut stable = 0;
+    let mut previous_retired = 0;
+    let mut previous: Option<bytes::Bytes> = None;
+    for turn in 0..TURNS {
+        let sent = send(&sluice, dialect, &request(dialect, turn + 1, stream)).await;
+        if sent.status != 200 {
+            let estimates: Vec<String> = sluice
+                .logs()
+                .into_iter()
+                .filter(|l| l.contains("context estimate"))
+                .collect();
+            panic!(
+                "{dialect:?} stream={stream}: turn {turn} failed: {}\nlast estimates: {:?}",
+                sent.body,
+                &estimates[estimates.len().saturating_sub(3)..]
+            );
+        }
+        if stream {
+            assert!(sent.body.contains("data: "), "{dialect:?}: streamed");
+        }
+        let retired = retired_of(&sent.projection);
+        assert!(
+            retired >= previous_retired,
+            "a retired result stays retired"
+        );
+        let forwarded = mock.last().body;
+        let batch = retired > previous_retired;
+        if let Some(before) = &previous {
+            let prefix_stable = forwarded.starts_with(open_prefix(before));
+            if batch {
+                batches += 1;
+            } else {
+                assert!(
+                    prefix_stable,
+                    "{dialect:?} stream={stream}: turn {turn} changed the prefix without a batch"
+                );
+            }
+            stable += usize::from(prefix_stable);
+        }
+        previous_retired = retired;
+        previous = Some(forwarded);
+    }
+    assert!(previous_retired > 100, "most of the history was retired");
+    let route = if dialect == Dialect::Anthropic {
+        "anthropic"
+    } else {
+        "openai"
+    };
+    // Counted when committed, once per result: the last commit may still be on its way.
+    let counted = format!("sluice_context_retired_total{{route=\"{route}\"}}");
+    let mut metrics = sluice.metrics().await;
+    for _ in 0..50 {
+        if metric(&metrics, &counted) as usize == previous_retired {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        metrics = sluice.metrics().await;
+    }
+    assert_eq!(metric(&metrics, &counted) as usize, previous_retired);
+    assert_eq!(metric(&metrics, "sluice_context_overflows_total"), 0.0);
+    assert!(metric(&metrics, "sluice_input_tokens_estimated_count") >= (TURNS / 2) as f64);
+    // The retired results of the last request read back exactly.
+    let last = String::from_utf8(previous.unwrap().to_vec()).unwrap();
+    let cursors = retired_cursors(&last);
+    assert_eq!(cursors.len(), previous_retired);
+    for (i, (artifact, cursor)) in cursors.iter().enumerate().step_by(37) {
+        let page = get_as(&sluice, &format!("/v1/sluice/read?cursor={cursor}"), KEY).await;
+        assert_eq!(page.status(), 200);
+        assert!(
+            page.headers().get("x-sluice-next-cursor").is_none(),
+            "one page"
+        );
+        let text = page.text().await.unwrap();
+        let (body, notice) = text.rsplit_once('\n').unwrap();
+        assert_eq!(
+            body,
+            output(i),
+            "{dialect:?}: retired result {i} reads back exactly"
+        );
+        assert!(
+            notice.contains(&format!("end of artifact://{artifact}")),
+            "{notice}"
+        );
+        let whole = get_as(&sluice, &format!("/v1/sluice/artifacts/{artifact}"), KEY).await;
+        assert_eq!(whole.text().await.unwrap(), output(i));
+    }
+    (batches, stable)
+}
+
+/// Without the guard the same session fails from the turn its input passes the window, with the
+/// provider's own error passed through.
+async fn unguarded_session(dialect: Dialect) -> usize {
+    let mock = MockUpstream::start();
+    mock.context_window(Some(WINDOW));
+    let sluice = Sluice::start(&config(&mock.base_url(), 0));
+    let mut first_failure = None;
+    for turn in 0..TURNS {
+        let sent = send(&sluice, dialect, &request(dialect, turn + 1, false)).await;
+        match first_failure {
+            None if sent.status == 200 => {
+                assert!(
+                    !sent.projection.contains("retired"),
+                    "guard off: no retired="
+                );
+            }
+            None => {
+                assert_eq!(sent.status, 400);
+                let error = match dialect {
+                    Dialect::Anthropic => "prompt is too long",
+                    _ => "context_length_exceeded",
+                };
+                assert!(sent.body.contains(error), "{}", sent.body);
+                first_failure = Some(turn);
+            }
+            Some(_) => assert_eq!(
+                sent.status, 400,
+                "{dialect:?}: turn {turn} after the window"
+            ),
+        }
+        if first_failure.is_some_and(|f| turn > f + 5) {
+            break;
+        }
+    }
+    first_failure.expect("the raw history passes the window")
+}
+
+/// The whole check for one dialect: without the guard, then with it, streamed and not.
+async fn dialect_session(dialect: Dialect) {
+    {
+        let failed_at = unguarded_session(dialect).await;
+        assert!(
+            (20..80).contains(&failed_at),
+            "{dialect:?}: failed at {failed_at}"
+        );
+        for stream in [false, true] {
+            let (batches, stable) = guarded_session(dialect, stream).await;
+            let turns = TURNS - 1;
+            println!(
+                "{dialect:?} stream={stream}: without the guard fails from turn {failed_at}; with it all {TURNS} turns complete, {batches} retirement batches, {stable}/{turns} turns prefix-stable ({:.1} %)",
+                stable as f64 * 100.0 / turns as f64
+            );
+            assert!(
+                (3..=TURNS / 5).contains(&batches),
+                "{dialect:?}: {batches} batches"
+            );
+            assert_eq!(
+                stable + batches,
+                turns,
+                "every turn but a batch is prefix-stable"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_turn_chat_session_completes_under_the_window() {
+    dialect_session(Dialect::Chat).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_turn_responses_session_completes_under_the_window() {
+    dialect_session(Dialect::Responses).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_turn_anthropic_session_completes_under_the_window() {
+    dialect_session(Dialect::Anthropic).await;
+}
