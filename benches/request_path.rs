@@ -10,6 +10,10 @@
 //!   rounds' stitcher) against the same request with the tool off (`max_read_steps = 0`, the
 //!   plain relay), and direct to the mock.
 //!
+//! - `context`: the 200 KB agent request through sluice with the context guard off, on with a
+//!   window far above it (not engaged: its bytes cannot reach the trigger), and on with a window
+//!   it could reach (engaged: counted, below the trigger, nothing retired).
+//!
 //! Run: `cargo bench --bench request_path`. Figures are ratios to the baselines of the same run.
 
 #![allow(clippy::unwrap_used)] // benchmark code: fail loudly
@@ -360,5 +364,33 @@ fn images(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, view, images, round_trip, first_byte);
+/// The context guard below its trigger (docs/context-guard.md): the same request with the
+/// guard off, on and not engaged, on and engaged (counted from its memo, nothing retired).
+fn context(c: &mut Criterion) {
+    let upstream = mock::MockUpstream::start();
+    upstream.record(false);
+    let runtime = client_runtime();
+    let body = agent_chat(30, 6_500);
+    let client = reqwest::Client::new();
+    let mut group = c.benchmark_group("context");
+    for (name, window) in [("off", 0), ("on_far", 1_000_000), ("on_engaged", 250_000)] {
+        let sluice = Running::start(&runtime, &upstream.base_url(), |config| {
+            for route in &mut config.routes {
+                route.context.window_tokens = window;
+            }
+        });
+        let url = format!("{}/v1/chat/completions", sluice.url);
+        group.bench_function(BenchmarkId::new(name, "agent_200k_30_turns"), |b| {
+            b.to_async(&runtime).iter(|| async {
+                let resp = client.post(&url).body(body.clone()).send().await.unwrap();
+                let engaged = resp.headers().get("x-sluice-projection").cloned();
+                black_box((engaged, resp.bytes().await.unwrap()));
+            })
+        });
+        sluice.stop(&runtime);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, view, images, round_trip, first_byte, context);
 criterion_main!(benches);

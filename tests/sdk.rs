@@ -254,3 +254,49 @@ async fn official_sdks_get_one_response_while_the_model_reads_on() {
         }
     }
 }
+
+/// The context guard with the official SDKs as clients (docs/context-guard.md): a 200-turn agent
+/// session per dialect, streamed and not, against a mock that enforces a 48,000-token window with
+/// each provider's error. Without the guard the SDKs get that error once the history passes the
+/// window; with it every turn completes.
+#[test]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+fn official_sdks_run_a_200_turn_session_under_the_context_guard() {
+    let mock = MockUpstream::start();
+    mock.context_window(Some(48_000));
+    let guard = "[routes.context]\nwindow_tokens = 48000\noutput_tokens = 4096\n";
+    let off = Sluice::start(&config_for(&mock.base_url(), ""));
+    run_script(&off, &["--context-turns", "60", "--expect-context-failure"]);
+    let config = config_for(&mock.base_url(), "").replace(
+        "upstream = \"{up}\"\n"
+            .replace("{up}", &mock.base_url())
+            .as_str(),
+        &format!("upstream = \"{}\"\n{guard}", mock.base_url()),
+    );
+    assert_eq!(
+        config.matches("window_tokens").count(),
+        2,
+        "both routes guarded"
+    );
+    let sluice = Sluice::start(&config);
+    run_script(&sluice, &["--context-turns", "200"]);
+    let retired = |r: &common::mock::Recorded| {
+        String::from_utf8_lossy(&r.body)
+            .matches("tool output retired")
+            .count()
+    };
+    let requests = mock.requests();
+    let last = |path: &str| {
+        requests
+            .iter()
+            .rev()
+            .find(|r| r.uri.starts_with(path))
+            .unwrap()
+    };
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        assert!(
+            retired(last(path)) > 100,
+            "{path}: most of the history retired"
+        );
+    }
+}

@@ -366,3 +366,90 @@ async fn a_long_session_keeps_a_bounded_state_in_redis() {
     );
     assert_eq!(state.records.len(), 10);
 }
+
+/// The context guard across replicas (docs/context-guard.md): two processes serve alternate
+/// turns of one session; a batch retired through one is shown, byte for byte, by the other, and
+/// the retired set lives in Redis with the session.
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn retired_results_are_shared_by_replicas() {
+    let mock = MockUpstream::start();
+    mock.context_window(Some(12_000));
+    let guarded = format!(
+        "{}\n[routes.context]\nwindow_tokens = 12000\noutput_tokens = 1000\n",
+        config_for(
+            &mock.base_url(),
+            &format!("[store]\nbackend = \"redis\"\nredis_url = \"{REDIS}\"\n"),
+        )
+    );
+    let (a, b) = (Sluice::start(&guarded), Sluice::start(&guarded));
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let session = uuid::Uuid::new_v4().to_string();
+    let output = |i: usize| {
+        (0..60)
+            .map(|j| {
+                format!(
+                    "src/m{i}/f{j}.rs:{}:4: warning: unused variable `v{j}` in step {i}",
+                    j * 7
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut messages = vec![json!({"role": "user", "content": "fix"})];
+    let (mut previous, mut previous_retired) = (Vec::new(), 0);
+    let (mut done_a, mut done_b, mut batches) = (0.0, 0.0, 0);
+    for turn in 0..40 {
+        messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("t{turn}"), "name": "bash", "input": {}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{turn}"), "content": output(turn)}]}));
+        let sluice = if turn % 2 == 0 { &a } else { &b };
+        let response = client()
+            .post(sluice.url("/v1/messages"))
+            .header("x-api-key", &key)
+            .header("x-sluice-session", &session)
+            .json(&json!({"model": "claude-x", "max_tokens": 1000, "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "turn {turn}");
+        let header = response.headers()["x-sluice-projection"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let retired: usize = header.rsplit("retired=").next().unwrap().parse().unwrap();
+        let forwarded = mock.last().body.to_vec();
+        if retired > previous_retired {
+            batches += 1;
+        } else if !previous.is_empty() {
+            let open = previous.len() - 2; // without the closing `]}`
+            assert_eq!(
+                &forwarded[..open],
+                &previous[..open],
+                "turn {turn}: prefix-stable across processes"
+            );
+        }
+        assert!(
+            retired >= previous_retired,
+            "turn {turn}: a retired result stays retired"
+        );
+        // Only a batch has something to commit: wait for it to land before the next turn.
+        if retired > previous_retired {
+            if turn % 2 == 0 {
+                done_a += 1.0;
+                committed(&a, done_a).await;
+            } else {
+                done_b += 1.0;
+                committed(&b, done_b).await;
+            }
+        }
+        (previous, previous_retired) = (forwarded, retired);
+    }
+    assert!(
+        batches >= 2 && previous_retired >= 20,
+        "{batches} batches, {previous_retired} retired"
+    );
+    // Both processes counted their own commits' new retirements: together, each result once.
+    let name = "sluice_context_retired_total{route=\"anthropic\"}";
+    let total = metric(&a.metrics().await, name) + metric(&b.metrics().await, name);
+    assert_eq!(total as usize, previous_retired);
+}

@@ -255,6 +255,87 @@ def read_on(oa, an, output):
     expect(m.content[0].text == again, "read: messages next turn sees the pages read")
 
 
+def build_output(i):
+    """About 1,200 tokens of build log for step `i` (tests/context.rs writes the same)."""
+    return "\n".join(
+        f"src/module_{i}/file_{j}.rs:{(i * 7 + j * 13) % 997}:{j % 80}: warning: unused variable `value_{i * 31 + j}` in step {i}"
+        for j in range(60)
+    )
+
+
+def context_guard(oa, an, turns, expect_failure):
+    """A 200-turn agent session per dialect, streamed and not (context guard, issue #15): with
+    the guard every turn completes; without it (`expect_failure`) the provider's context error
+    reaches the SDK as BadRequestError once the history passes the window."""
+    for stream in (False, True):
+        session = {"x-sluice-session": f"sdk-context-chat-{stream}"}
+        # OpenAI chat.
+        messages = [{"role": "user", "content": "Fix the warnings."}]
+        tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+        failed = None
+        for i in range(turns):
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
+            messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": build_output(i)})
+            try:
+                if stream:
+                    text = "".join(c.choices[0].delta.content or "" for c in oa.chat.completions.create(
+                        model="gpt-4o", messages=messages, tools=tools, max_tokens=1000, stream=True,
+                        extra_headers=session) if c.choices)
+                else:
+                    text = oa.chat.completions.create(model="gpt-4o", messages=messages, tools=tools, max_tokens=1000,
+                                                      extra_headers=session).choices[0].message.content
+                assert text == "Hello from the mock.", text
+            except openai.BadRequestError as e:
+                assert e.code == "context_length_exceeded", e.body
+                failed = i
+                break
+        expect((failed is not None) == expect_failure, f"context: chat stream={stream}: failed at {failed}")
+        # OpenAI Responses.
+        session = {"x-sluice-session": f"sdk-context-responses-{stream}"}
+        items = [{"role": "user", "content": "Fix the warnings."}]
+        failed = None
+        for i in range(turns):
+            items.append({"type": "function_call", "call_id": f"call_{i}", "name": "bash", "arguments": "{}"})
+            items.append({"type": "function_call_output", "call_id": f"call_{i}", "output": build_output(i)})
+            try:
+                if stream:
+                    events = list(oa.responses.create(model="gpt-5", input=items, max_output_tokens=1000, stream=True,
+                                                      extra_headers=session))
+                    assert events[-1].type == "response.completed", events[-1].type
+                else:
+                    r = oa.responses.create(model="gpt-5", input=items, max_output_tokens=1000, extra_headers=session)
+                    assert r.output_text == "Hello from the mock.", r.output_text
+            except openai.BadRequestError as e:
+                assert e.code == "context_length_exceeded", e.body
+                failed = i
+                break
+        expect((failed is not None) == expect_failure, f"context: responses stream={stream}: failed at {failed}")
+        # Anthropic Messages.
+        session = {"x-sluice-session": f"sdk-context-messages-{stream}"}
+        history = [{"role": "user", "content": "Fix the warnings."}]
+        failed = None
+        for i in range(turns):
+            history.append({"role": "assistant", "content": [
+                {"type": "tool_use", "id": f"toolu_{i}", "name": "bash", "input": {}}]})
+            history.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": build_output(i)}]})
+            try:
+                if stream:
+                    with an.messages.stream(model="claude-sonnet-4-5", max_tokens=1000, messages=history,
+                                            extra_headers=session) as s:
+                        final = s.get_final_message()
+                else:
+                    final = an.messages.create(model="claude-sonnet-4-5", max_tokens=1000, messages=history,
+                                               extra_headers=session)
+                assert final.content[0].text == "Hello from the mock.", final.content
+            except anthropic.BadRequestError as e:
+                assert "prompt is too long" in str(e), e
+                failed = i
+                break
+        expect((failed is not None) == expect_failure, f"context: messages stream={stream}: failed at {failed}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--openai-base", required=True)
@@ -262,9 +343,16 @@ def main():
     parser.add_argument("--text-exit", help="file holding a long tool output; run only those checks")
     parser.add_argument("--delivery", help="file holding a base64 PNG; run only the delivery checks")
     parser.add_argument("--read", help="file holding a long tool output; run only the read-tool checks")
+    parser.add_argument("--context-turns", type=int, help="run only the context-guard session, this many turns")
+    parser.add_argument("--expect-context-failure", action="store_true",
+                        help="the session must fail with the provider's context error (guard off)")
     args = parser.parse_args()
     oa = openai.OpenAI(base_url=args.openai_base, api_key="sk-test", max_retries=0)
     an = anthropic.Anthropic(base_url=args.anthropic_base, api_key="sk-ant-test", max_retries=0)
+    if args.context_turns:
+        context_guard(oa, an, args.context_turns, args.expect_context_failure)
+        print("all SDK checks passed")
+        return
     if args.delivery:
         with open(args.delivery, encoding="ascii") as f:
             delivery(oa, an, f.read().strip())
