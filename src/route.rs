@@ -120,6 +120,19 @@ impl RouteTable {
         self.routes.get(place)
     }
 
+    /// Whether a `dialect` body of `bytes` bytes may reach the context guard's trigger on some
+    /// route (at the route's default output): its front then runs on the blocking pool, where
+    /// its tokens are counted without reading its view twice (docs/context-guard.md).
+    pub fn may_guard(&self, dialect: Dialect, bytes: usize) -> bool {
+        let most = crate::tokens::Tokenizer::most_for_bytes(bytes);
+        self.routes.iter().any(|r| {
+            let c = &r.config.context;
+            c.enabled()
+                && r.config.dialects.contains(&dialect)
+                && most as f64 >= c.window_tokens.saturating_sub(c.output_tokens) as f64 * c.trigger
+        })
+    }
+
     /// The route for a pass-through request (P5): the first that serves a dialect of `family`.
     pub fn select_family(&self, family: Family) -> Option<&Route> {
         self.routes

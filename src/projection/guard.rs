@@ -637,4 +637,62 @@ mod tests {
         assert_eq!(select(&view, &estimate, &none, 0, "sluice_read", 7100), [0]);
         assert!(select(&view, &estimate, &[true, false, false], 2, "sluice_read", 0).is_empty());
     }
+
+    /// Images inside a retired result leave the request and are released from the delivery
+    /// state (A10); the retired text names them, so the read tool can show them again.
+    #[test]
+    fn a_retired_results_images_are_released_and_named() {
+        use crate::projection::attach::state::Status;
+        use base64::Engine;
+        let png = crate::image::tests::encode(
+            &crate::image::tests::picture(64, 48),
+            ::image::ImageFormat::Png,
+        );
+        let data = base64::engine::general_purpose::STANDARD.encode(&png);
+        let dialect = Dialect::AnthropicMessages;
+        let mut messages = vec![json!({"role": "user", "content": "look"})];
+        for i in 0..12 {
+            messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("t{i}"), "name": "browser_take_screenshot", "input": {}}]}));
+            messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{i}"), "content": [
+                {"type": "text", "text": output(i)},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}));
+        }
+        let body =
+            json!({"model": "claude-x", "max_tokens": 1000, "messages": messages}).to_string();
+        let memo = Memo::default();
+        let route = guarded(12_000);
+        // Turn one without the guard's pressure: every image is recorded.
+        let mut state = SessionState::default();
+        let seen = project(&body, &guarded(10_000_000), &state, &memo, dialect);
+        apply(&mut state, &seen.delta, 1);
+        assert!(!state.records.is_empty());
+        let p = project(&body, &route, &state, &memo, dialect);
+        let batch = p.context.unwrap().batch;
+        assert!(batch > 0);
+        let released = p
+            .delta
+            .records
+            .values()
+            .filter(|r| r.status == Status::Released)
+            .count();
+        assert_eq!(released, batch, "each retired result's image is released");
+        let text = std::str::from_utf8(
+            &p.spills
+                .iter()
+                .find(|s| s.bytes.starts_with(output(0).as_bytes()))
+                .unwrap()
+                .bytes,
+        )
+        .unwrap()
+        .to_string();
+        assert!(text.contains("[image #1: image/png 64×48"), "{text}");
+        let forwarded = splice(&bytes::Bytes::from(body), p.edits).unwrap();
+        let images = String::from_utf8_lossy(&forwarded)
+            .matches("\"type\":\"image\"")
+            .count();
+        assert!(
+            images <= 12 - batch,
+            "{images} images left for {batch} retired"
+        );
+    }
 }

@@ -98,11 +98,14 @@ impl Commit {
             let delta = std::mem::take(&mut self.delta);
             let written = self.written.take();
             let route = std::mem::take(&mut self.route);
+            let (landed, landing) = tokio::sync::watch::channel(false);
+            shared.landing.insert(session.0.clone(), landing);
             tasks.spawn(async move {
                 if let Some(written) = written {
                     written.await;
                 }
-                shared.commit(&session, &delta, &route).await
+                shared.commit(&session, &delta, &route).await;
+                let _ = landed.send(true);
             });
         } else {
             shared.discarded();

@@ -25,6 +25,10 @@ use super::Shared;
 /// few megabytes of history, paging and hashing its outputs take milliseconds.
 const HEAVY_BODY_BYTES: usize = 1024 * 1024;
 
+/// How long a request waits for its session's previous commit to land (a local store commits
+/// in about a millisecond, Redis in a round trip).
+const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// What the front decided, owned, so it can come back from the blocking pool.
 pub(super) struct Front {
     /// The route's place in the route table.
@@ -48,14 +52,15 @@ pub(super) struct Ask<'r> {
 }
 
 impl Shared {
-    /// The front of a request: on the blocking pool for a large body (within the `heavy` bound,
-    /// so a core stays with the I/O threads), here for a small one.
+    /// The front of a request: on the blocking pool for a large body, or one whose tokens the
+    /// context guard may count (within the `heavy` bound, so a core stays with the I/O
+    /// threads); here for a small one.
     pub(super) async fn front(
         self: &Arc<Self>,
         ask: Ask<'_>,
         body: &Bytes,
     ) -> Result<Front, GatewayError> {
-        if body.len() < HEAVY_BODY_BYTES {
+        if body.len() < HEAVY_BODY_BYTES && !self.routes.may_guard(ask.dialect, body.len()) {
             return self.stages(ask, body, false).await;
         }
         let _permit = self
@@ -205,6 +210,13 @@ impl Shared {
         let (key, source) = SessionKey::of(tenant, header, view, &route.config.name);
         tracing::debug!(request_id, session_from = source.as_str(), "session");
         self.seen.insert(key.0.clone(), ());
+        // The session's previous request may have finished a moment ago, its commit still on the
+        // way: planning on the state before it would undo what it did (a batch the context guard
+        // retired, an image shown once). Wait for it, within a bound a store that hangs cannot
+        // stretch.
+        if let Some(mut landing) = self.landing.get(&key.0) {
+            let _ = tokio::time::timeout(COMMIT_WAIT, landing.wait_for(|landed| *landed)).await;
+        }
         self.metrics
             .sessions_active
             .set(i64::try_from(self.seen.entry_count()).unwrap_or(i64::MAX));

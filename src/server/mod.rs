@@ -114,6 +114,9 @@ struct Shared {
     session_header: http::HeaderName,
     /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
     seen: moka::sync::Cache<String, ()>,
+    /// Commits on their way to the session store, by session: the session's next request
+    /// waits for them (briefly), so it plans on the state its predecessor left.
+    landing: moka::sync::Cache<String, tokio::sync::watch::Receiver<bool>>,
     /// One permit per client connection served (`max_connections`).
     connections: Arc<tokio::sync::Semaphore>,
     /// One permit per request body byte buffered (`max_inflight_body_bytes`).
@@ -217,6 +220,10 @@ impl Server {
                 seen: moka::sync::Cache::builder()
                     .max_capacity(1_000_000)
                     .time_to_idle(ttl)
+                    .build(),
+                landing: moka::sync::Cache::builder()
+                    .max_capacity(100_000)
+                    .time_to_live(std::time::Duration::from_secs(10))
                     .build(),
                 connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
                 body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
