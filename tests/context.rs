@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::mock::Reply;
 use common::{client, get_as, metric, MockUpstream, Sluice};
 use serde_json::{json, Value};
 
@@ -356,4 +357,71 @@ async fn a_200_turn_responses_session_completes_under_the_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_200_turn_anthropic_session_completes_under_the_window() {
     dialect_session(Dialect::Anthropic).await;
+}
+
+/// The model reads a retired result again through the read tool: sluice answers the call with
+/// the result's text, exactly, and the client sees one answer (C2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_result_reads_back_through_the_read_tool() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock.base_url(), 16_000));
+    let mut turns = 1;
+    loop {
+        let sent = send(
+            &sluice,
+            Dialect::Chat,
+            &request(Dialect::Chat, turns, false),
+        )
+        .await;
+        assert_eq!(sent.status, 200);
+        if retired_of(&sent.projection) > 0 {
+            break;
+        }
+        turns += 1;
+        assert!(turns < 40, "no batch");
+    }
+    // The next turn: the model calls the read tool with the newest cursor (the last retired
+    // result's), then answers.
+    mock.script([
+        Reply::Read {
+            before: None,
+            also: None,
+            answer: String::new(),
+        },
+        Reply::Text("Read it.".into()),
+    ]);
+    let sent = send(
+        &sluice,
+        Dialect::Chat,
+        &request(Dialect::Chat, turns + 1, false),
+    )
+    .await;
+    assert_eq!(sent.status, 200);
+    assert!(sent.body.contains("Read it."), "{}", sent.body);
+    let requests = mock.requests();
+    let (first, round) = (
+        requests[requests.len() - 2].json(),
+        requests[requests.len() - 1].json(),
+    );
+    let content = |v: &Value, id: &str| -> String {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    // The last retired result in the first request, and the read round's answer.
+    let last_retired = (0..turns)
+        .rev()
+        .find(|i| content(&first, &format!("call_{i}")).starts_with("[sluice: tool output retired"))
+        .unwrap();
+    let answer = round["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (text, notice) = answer.rsplit_once('\n').unwrap();
+    assert_eq!(text, output(last_retired), "the retired result, exactly");
+    assert!(notice.contains("end of artifact://"), "{notice}");
 }

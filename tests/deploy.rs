@@ -138,7 +138,12 @@ async fn fail_and_succeed(sluice: &Sluice) -> (u16, u16) {
 #[ignore = "needs promtool (Debian package prometheus); run by .ci/run"]
 async fn live_metrics_pass_promtool_and_cover_rules_and_dashboard() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::in_front_of(&mock);
+    // The context guard on (the anthropic route), so its series are exposed too.
+    let guarded = format!(
+        "{}\n[routes.context]\nwindow_tokens = 1000000\n",
+        config_for(&mock.base_url(), "")
+    );
+    let sluice = Sluice::start(&guarded);
     traffic(&sluice).await;
     let metrics = sluice.metrics().await;
 

@@ -159,6 +159,16 @@ impl Server {
         // Fail at startup, not on the first request, if the client cannot be built.
         Upstream::new(&config.upstream)?;
         let metrics = Arc::new(Metrics::new()?);
+        for route in config.routes.iter().filter(|r| r.context.enabled()) {
+            // Guarded routes show their context counters at 0 from the start, so a rate or an
+            // alert on them has a series before the first retirement.
+            metrics
+                .context_retired_total
+                .with_label_values(&[&route.name]);
+            metrics
+                .context_overflows_total
+                .with_label_values(&[&route.name]);
+        }
         let ttl = Duration::from_secs(config.store.idle_ttl_seconds);
         let (backend, sessions) = match config.store.backend {
             StoreBackend::Embedded => {
