@@ -364,7 +364,13 @@ async fn a_200_turn_anthropic_session_completes_under_the_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retired_result_reads_back_through_the_read_tool() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&config(&mock.base_url(), 16_000));
+    // Batches from 95 % down to 90 %: each request stays close to its trigger, so what the
+    // front adds after planning would pass the window if the guard did not budget for it.
+    let close = config(&mock.base_url(), 16_000).replace(
+        "output_tokens = 4096\n",
+        "output_tokens = 4096\ntrigger = 0.95\ntarget = 0.9\n",
+    );
+    let sluice = Sluice::start(&close);
     let mut turns = 1;
     loop {
         let sent = send(
@@ -424,4 +430,21 @@ async fn a_retired_result_reads_back_through_the_read_tool() {
     let (text, notice) = answer.rsplit_once('\n').unwrap();
     assert_eq!(text, output(last_retired), "the retired result, exactly");
     assert!(notice.contains("end of artifact://"), "{notice}");
+    // The next turn: sluice splices the hidden round back (C3); the guard budgets for it (and
+    // for the read tool's definition), so the provider, its window enforced now, takes it.
+    mock.context_window(Some(16_000));
+    let mut next = request(Dialect::Chat, turns + 1, false);
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": "Read it."}));
+    messages.push(json!({"role": "user", "content": "Go on."}));
+    let sent = send(&sluice, Dialect::Chat, &next).await;
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    let forwarded = mock.last().json();
+    let spliced = forwarded["messages"].as_array().unwrap().iter().any(|m| {
+        m["role"] == "tool"
+            && m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&output(last_retired)))
+    });
+    assert!(spliced, "the hidden read round is spliced back");
 }

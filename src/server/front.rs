@@ -111,8 +111,14 @@ impl Shared {
         let light = projection::Prepared::without_images(&view, &tenant, &self.memo);
         // The context guard needs the session (its retired results) and counts tokens, once the
         // request is large enough to reach its trigger.
-        let guarded = projection::guard::Thresholds::of(&view, &route.config.context)
-            .is_some_and(|t| t.engaged(&view, 0));
+        let thresholds = projection::guard::Thresholds::of(&view, &route.config.context);
+        let guarded = thresholds.is_some_and(|t| t.engaged(&view, 0));
+        // What the front adds after planning, when the guard counts: the rounds hidden on
+        // earlier turns, spliced back (C3), and the read tool's definition. The guard keeps the
+        // request under its window with them, through a window smaller by their tokens.
+        let mut hidden = None;
+        let mut limits = route.config.context.clone();
+        let mut job_route = None;
         let mut projection = match light {
             // No image and no guard: no session is needed.
             Some(prepared) if !guarded => {
@@ -122,6 +128,24 @@ impl Shared {
                 (session, state) = self
                     .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
+                if let Some(t) = thresholds.filter(|_| guarded) {
+                    let edits = self.hidden_rounds(dialect, body, &tenant, &state).await;
+                    let added = edits
+                        .iter()
+                        .map(|e| std::str::from_utf8(&e.with).unwrap_or_default())
+                        .chain([read::definition(dialect, &read_tool).as_str()])
+                        .map(|json| t.tokenizer.count(&crate::tokens::json_text(json)))
+                        .sum::<u64>();
+                    limits.window_tokens = limits.window_tokens.saturating_sub(added).max(1);
+                    let mut route = route.config.clone();
+                    route.context = limits.clone();
+                    job_route = Some(route);
+                    hidden = Some(edits);
+                }
+                let policy = projection::policy::Policy {
+                    context: &limits,
+                    ..policy
+                };
                 if pooled {
                     let prepared = light
                         .unwrap_or_else(|| projection::Prepared::new(&view, &tenant, &self.memo));
@@ -133,7 +157,7 @@ impl Shared {
                         dialect,
                         body: body.clone(),
                         tenant: tenant.clone(),
-                        route: route.config.clone(),
+                        route: job_route.take().unwrap_or_else(|| route.config.clone()),
                         read_tool: read_tool.clone(),
                         state,
                     };
@@ -155,7 +179,10 @@ impl Shared {
                     .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
             }
-            let hidden = self.hidden_rounds(dialect, body, &tenant, &state).await;
+            let hidden = match hidden {
+                Some(edits) => edits,
+                None => self.hidden_rounds(dialect, body, &tenant, &state).await,
+            };
             projection.edits.extend(hidden);
             if let Some(shape) = &shape {
                 let definition = read::definition(dialect, &read_tool);

@@ -211,8 +211,8 @@ fn fragment_tokens(tokenizer: Tokenizer, fragment: &str, memo: &dyn Memos) -> u6
 
 /// Estimates the input tokens of `view` as `p` would forward it: the text between tool
 /// results, each result as shown, the bytes the edits add, and the images shown, by formula.
-/// The read tool's definition and hidden read rounds (added after planning) are not counted;
-/// the gap between `trigger` and the window covers them (docs/context-guard.md).
+/// What the front adds after planning (hidden read rounds, the read tool) is budgeted by the
+/// front, through a smaller window (docs/context-guard.md).
 pub fn estimate(
     view: &RequestView<'_>,
     p: &Projection,
