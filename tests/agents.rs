@@ -515,3 +515,89 @@ fn node_sdks_get_one_response_while_the_model_reads_on() {
         assert_eq!(pages, 18.0, "{coding:?}");
     }
 }
+
+/// The context guard with a real Claude Code session (docs/context-guard.md): the model runs
+/// twelve long counts in one session. Measured without a window first, the session's last
+/// request is past the window chosen here; with the mock enforcing that window and the guard on,
+/// every request fits, older results are retired, and Claude Code finishes normally.
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn claude_code_keeps_working_past_its_window_under_the_context_guard() {
+    const CALLS: usize = 12;
+    let prompt = format!("Run the counts. mock:shells={CALLS}");
+    let claude = |sluice: &Sluice, home: &Path, work: &Path| {
+        let mut command = Command::new(bin("claude"));
+        quiet(&mut command, home);
+        command
+            .current_dir(work)
+            .env("ANTHROPIC_BASE_URL", sluice.url(""))
+            .env("ANTHROPIC_API_KEY", "sk-ant-test")
+            .args(["-p", &prompt])
+            .args(["--output-format", "stream-json", "--verbose"])
+            .args(["--allowedTools", "Bash", "--model", "claude-sonnet-4-5"]);
+        let (ok, out, err) = run(command, Duration::from_secs(180));
+        println!("--- claude stdout:\n{out}\n--- stderr:\n{err}");
+        let result = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["type"] == "result");
+        (ok, result)
+    };
+    let session = |requests: Vec<Value>| -> Vec<Value> {
+        requests
+            .into_iter()
+            .filter(|r| history(r).contains("mock:shells="))
+            .collect()
+    };
+    // Without a window: how large the session grows, as the mock counts it.
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (ok, result) = claude(&sluice, home.path(), work.path());
+    assert!(ok, "claude without a window");
+    assert_eq!(result.unwrap()["result"], format!("Ran {CALLS} commands."));
+    let requests = session(on(&mock, "/v1/messages"));
+    let (first, last) = (requests.first().unwrap(), requests.last().unwrap());
+    let output = last["max_tokens"].as_u64().unwrap();
+    let (small, large) = (
+        common::mock::anthropic_tokens(first),
+        common::mock::anthropic_tokens(last),
+    );
+    let window = output + small + (large - small) / 2;
+    assert!(large + output > window, "the session passes the window");
+    println!("Claude Code: first request {small} tokens, last {large}, max_tokens {output}; window {window}");
+    // The same session with the mock enforcing that window, through the guard.
+    let mock = MockUpstream::start();
+    mock.context_window(Some(window));
+    let guarded = format!(
+        "{}\n[routes.context]\nwindow_tokens = {window}\n",
+        config_for(&mock.base_url(), "")
+    );
+    let sluice = Sluice::start(&guarded);
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (ok, result) = claude(&sluice, home.path(), work.path());
+    assert!(ok, "claude under the guard");
+    let result = result.unwrap();
+    assert_eq!(result["is_error"], false, "{result}");
+    assert_eq!(result["result"], format!("Ran {CALLS} commands."));
+    let requests = session(on(&mock, "/v1/messages"));
+    for r in &requests {
+        assert!(
+            common::mock::anthropic_tokens(r) + output <= window,
+            "every request fits"
+        );
+    }
+    let retired = history(requests.last().unwrap())
+        .matches("tool output retired")
+        .count();
+    println!(
+        "Claude Code under the guard: {} requests, all within {window}; {retired} results retired on the last",
+        requests.len()
+    );
+    assert!(retired >= 2, "older results retired ({retired})");
+    let m = futures_executor(sluice.metrics());
+    assert_eq!(
+        metric(&m, "sluice_context_overflows_total{route=\"anthropic\"}"),
+        0.0
+    );
+}

@@ -387,6 +387,7 @@ async fn respond(
     }
     let reply = reply
         .or_else(|| agent_shell(&request, dialect, &recorded.body))
+        .or_else(|| agent_shells(&request, dialect, &recorded.body))
         .or_else(|| agent_screenshots(&request, dialect, &recorded.body))
         .unwrap_or_else(|| directive(&recorded.body));
     let reply = match reply {
@@ -560,6 +561,41 @@ fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> 
         name: name.to_string(),
         arguments,
     })
+}
+
+/// For real agents over many turns (context guard): a request whose text holds
+/// `mock:shells=N` and that offers `Bash` gets a call of it, counting 1,500 numbers (different
+/// ones each time), while its history holds fewer than N tool results; then `Ran N commands.`.
+fn agent_shells(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
+    let text = String::from_utf8_lossy(body);
+    let at = text.find("mock:shells=")? + "mock:shells=".len();
+    let n: usize = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()?;
+    let done = tool_results(request, dialect);
+    if done >= n {
+        return Some(Reply::Text(format!("Ran {n} commands.")));
+    }
+    let offers_bash = request["tools"]
+        .as_array()?
+        .iter()
+        .any(|t| t["name"] == "Bash");
+    if !offers_bash {
+        return None;
+    }
+    let from = (done + 1) * 100_000;
+    Some(Reply::ToolCall {
+        name: "Bash".into(),
+        arguments: json!({"command": format!("seq {from} {}", from + 1499), "description": "Count"}),
+    })
+}
+
+/// The input tokens of an Anthropic request as the mock counts them when it enforces a window.
+pub fn anthropic_tokens(request: &Value) -> u64 {
+    reference_tokens(Dialect::Anthropic, request)
 }
 
 /// The tool results in a request's history.
