@@ -601,3 +601,78 @@ fn claude_code_keeps_working_past_its_window_under_the_context_guard() {
         0.0
     );
 }
+
+/// The same with Codex CLI on the Responses API: twelve long counts through its own shell tool
+/// pass the window chosen here; with the mock enforcing it and the guard on, Codex finishes.
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn codex_keeps_working_past_its_window_under_the_context_guard() {
+    const CALLS: usize = 12;
+    let prompt = format!("Run the counts. mock:shells={CALLS}");
+    let session = |mock: &MockUpstream| -> Vec<Value> {
+        on(mock, "/v1/responses")
+            .into_iter()
+            .filter(|r| history(r).contains("mock:shells="))
+            .collect()
+    };
+    let output_of = |r: &Value| r["max_output_tokens"].as_u64().unwrap_or(0);
+    // Without a window: how large the session grows, as the mock counts it.
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    codex_config(home.path(), &sluice, "");
+    let (ok, out, err) = codex(home.path(), work.path(), &[&prompt]);
+    println!("--- codex stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(
+        ok && out.contains(&format!("Ran {CALLS} commands.")),
+        "codex without a window"
+    );
+    let requests = session(&mock);
+    let (first, last) = (requests.first().unwrap(), requests.last().unwrap());
+    let output = output_of(last);
+    let (small, large) = (
+        common::mock::responses_tokens(first),
+        common::mock::responses_tokens(last),
+    );
+    let window = output + small + (large - small) / 2;
+    assert!(large + output > window, "the session passes the window");
+    println!("Codex: first request {small} tokens, last {large}, max_output_tokens {output}; window {window}");
+    // The same session with the mock enforcing that window, through the guard. Codex names no
+    // output budget here: the route assumes 1,000 tokens.
+    let mock = MockUpstream::start();
+    mock.context_window(Some(window));
+    let guarded = config_for(&mock.base_url(), "").replacen(
+        "\n\n[[routes]]\nname = \"anthropic\"",
+        &format!("\n[routes.context]\nwindow_tokens = {window}\noutput_tokens = 1000\n\n[[routes]]\nname = \"anthropic\""),
+        1,
+    );
+    assert!(
+        guarded.contains("window_tokens"),
+        "the openai route is guarded"
+    );
+    let sluice = Sluice::start(&guarded);
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    codex_config(home.path(), &sluice, "");
+    let (ok, out, err) = codex(home.path(), work.path(), &[&prompt]);
+    println!("--- codex (guarded) stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "codex under the guard");
+    assert!(
+        out.contains(&format!("Ran {CALLS} commands.")),
+        "codex finished"
+    );
+    let requests = session(&mock);
+    for r in &requests {
+        assert!(
+            common::mock::responses_tokens(r) + output_of(r) <= window,
+            "every request fits"
+        );
+    }
+    let retired = history(requests.last().unwrap())
+        .matches("tool output retired")
+        .count();
+    println!(
+        "Codex under the guard: {} requests, all within {window}; {retired} results retired on the last",
+        requests.len()
+    );
+    assert!(retired >= 2, "older results retired ({retired})");
+}

@@ -537,7 +537,12 @@ fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> 
     if answered {
         return None;
     }
-    let command = format!("seq 1 {n}");
+    shell_call(request, &format!("seq 1 {n}"), &format!("Count to {n}"))
+}
+
+/// A call of the agent's own shell tool (Claude Code's `Bash`, Codex's `exec_command`,
+/// `shell_command` or `shell`) running `command`; `None` when the request offers none.
+fn shell_call(request: &Value, command: &str, description: &str) -> Option<Reply> {
     let names: Vec<&str> = request["tools"]
         .as_array()?
         .iter()
@@ -546,7 +551,7 @@ fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> 
     let (name, arguments) = if names.contains(&"Bash") {
         (
             "Bash",
-            json!({"command": command, "description": format!("Count to {n}")}),
+            json!({"command": command, "description": description}),
         )
     } else if names.contains(&"exec_command") {
         ("exec_command", json!({"cmd": command}))
@@ -564,7 +569,7 @@ fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> 
 }
 
 /// For real agents over many turns (context guard): a request whose text holds
-/// `mock:shells=N` and that offers `Bash` gets a call of it, counting 1,500 numbers (different
+/// `mock:shells=N` and that offers a shell tool gets a call of it, counting 1,500 numbers (different
 /// ones each time), while its history holds fewer than N tool results; then `Ran N commands.`.
 fn agent_shells(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
     let text = String::from_utf8_lossy(body);
@@ -579,23 +584,18 @@ fn agent_shells(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply>
     if done >= n {
         return Some(Reply::Text(format!("Ran {n} commands.")));
     }
-    let offers_bash = request["tools"]
-        .as_array()?
-        .iter()
-        .any(|t| t["name"] == "Bash");
-    if !offers_bash {
-        return None;
-    }
     let from = (done + 1) * 100_000;
-    Some(Reply::ToolCall {
-        name: "Bash".into(),
-        arguments: json!({"command": format!("seq {from} {}", from + 1499), "description": "Count"}),
-    })
+    shell_call(request, &format!("seq {from} {}", from + 1499), "Count")
 }
 
 /// The input tokens of an Anthropic request as the mock counts them when it enforces a window.
 pub fn anthropic_tokens(request: &Value) -> u64 {
     reference_tokens(Dialect::Anthropic, request)
+}
+
+/// The input tokens of a Responses request as the mock counts them when it enforces a window.
+pub fn responses_tokens(request: &Value) -> u64 {
+    reference_tokens(Dialect::Responses, request)
 }
 
 /// The tool results in a request's history.
