@@ -448,3 +448,56 @@ async fn a_retired_result_reads_back_through_the_read_tool() {
     });
     assert!(spliced, "the hidden read round is spliced back");
 }
+
+/// A9 for retirements: a batch whose request failed upstream is not remembered (counted 0,
+/// the session unchanged); the same request sent again retires the same batch and commits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_retires_nothing_for_good() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock.base_url(), 16_000));
+    let body = request(Dialect::Anthropic, 30, false);
+    mock.script([Reply::Status(
+        500,
+        json!({"type": "error", "error": {"type": "api_error", "message": "boom"}}).to_string(),
+    )]);
+    let failed = send(&sluice, Dialect::Anthropic, &body).await;
+    assert_eq!(failed.status, 500);
+    let batch = retired_of(&failed.projection);
+    assert!(batch > 0, "the request was over the trigger");
+    let first = mock.last().body;
+    // An earlier, smaller history (below the trigger) holding the results that batch chose:
+    // shown whole, since the failed request left the session as it was.
+    let earlier = request(Dialect::Anthropic, 6, false);
+    let before = send(&sluice, Dialect::Anthropic, &earlier).await;
+    assert_eq!((before.status, retired_of(&before.projection)), (200, 0));
+    let counted = "sluice_context_retired_total{route=\"anthropic\"}";
+    let sent = send(&sluice, Dialect::Anthropic, &body).await;
+    assert_eq!(sent.status, 200);
+    assert_eq!(
+        retired_of(&sent.projection),
+        batch,
+        "chosen again, the same"
+    );
+    assert_eq!(mock.last().body, first, "byte for byte");
+    let mut metrics = sluice.metrics().await;
+    for _ in 0..50 {
+        if metric(&metrics, counted) as usize == batch {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        metrics = sluice.metrics().await;
+    }
+    assert_eq!(
+        metric(&metrics, counted) as usize,
+        batch,
+        "counted once, when committed"
+    );
+    assert_eq!(
+        metric(&metrics, "sluice_commits_total{outcome=\"discarded\"}"),
+        1.0,
+        "the failed request's delta"
+    );
+    // Now the session remembers them: the smaller history shows them retired.
+    let after = send(&sluice, Dialect::Anthropic, &earlier).await;
+    assert_eq!((after.status, retired_of(&after.projection)), (200, 6));
+}
