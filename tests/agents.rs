@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{config_for, metric, MockUpstream, Sluice};
+use common::{config_for, guard_routes, metric, MockUpstream, Sluice};
 use serde_json::Value;
 
 /// The agents' npm install (tests/agents/node_modules/.bin).
@@ -569,9 +569,9 @@ fn claude_code_keeps_working_past_its_window_under_the_context_guard() {
     // The same session with the mock enforcing that window, through the guard.
     let mock = MockUpstream::start();
     mock.context_window(Some(window));
-    let guarded = format!(
-        "{}\n[routes.context]\nwindow_tokens = {window}\n",
-        config_for(&mock.base_url(), "")
+    let guarded = guard_routes(
+        &config_for(&mock.base_url(), ""),
+        &format!("window_tokens = {window}\n"),
     );
     let sluice = Sluice::start(&guarded);
     let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -641,10 +641,9 @@ fn codex_keeps_working_past_its_window_under_the_context_guard() {
     // output budget here: the route assumes 1,000 tokens.
     let mock = MockUpstream::start();
     mock.context_window(Some(window));
-    let guarded = config_for(&mock.base_url(), "").replacen(
-        "\n\n[[routes]]\nname = \"anthropic\"",
-        &format!("\n[routes.context]\nwindow_tokens = {window}\noutput_tokens = 1000\n\n[[routes]]\nname = \"anthropic\""),
-        1,
+    let guarded = guard_routes(
+        &config_for(&mock.base_url(), ""),
+        &format!("window_tokens = {window}\noutput_tokens = 1000\n"),
     );
     assert!(
         guarded.contains("window_tokens"),

@@ -11,7 +11,7 @@
 mod common;
 
 use common::mock::Reply;
-use common::{client, get_as, metric, MockUpstream, Sluice};
+use common::{client, config_for, get_as, guard_routes, metric, MockUpstream, Sluice};
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-context";
@@ -36,28 +36,11 @@ impl Dialect {
     }
 }
 
+/// Every route to `upstream`, with the guard at `window` tokens (0: off).
 fn config(upstream: &str, window: u64) -> String {
-    let context = format!("[routes.context]\nwindow_tokens = {window}\noutput_tokens = 4096\n");
-    format!(
-        r#"listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-drain_timeout_seconds = 5
-
-[upstream]
-first_byte_timeout_seconds = 20
-
-[[routes]]
-name = "openai"
-dialects = ["openai-chat", "openai-responses"]
-models = ["*"]
-upstream = "{upstream}"
-{context}
-[[routes]]
-name = "anthropic"
-dialects = ["anthropic-messages"]
-models = ["*"]
-upstream = "{upstream}"
-{context}"#
+    guard_routes(
+        &config_for(upstream, ""),
+        &format!("window_tokens = {window}\noutput_tokens = 4096\n"),
     )
 }
 

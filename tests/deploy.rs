@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{b64, client, config_for, picture, post, tool_output, MockUpstream, Sluice};
+use common::{
+    b64, client, config_for, guard_routes, picture, post, tool_output, MockUpstream, Sluice,
+};
 use serde_json::{json, Value};
 
 fn repo(path: &str) -> PathBuf {
@@ -138,10 +140,10 @@ async fn fail_and_succeed(sluice: &Sluice) -> (u16, u16) {
 #[ignore = "needs promtool (Debian package prometheus); run by .ci/run"]
 async fn live_metrics_pass_promtool_and_cover_rules_and_dashboard() {
     let mock = MockUpstream::start();
-    // The context guard on (the anthropic route), so its series are exposed too.
-    let guarded = format!(
-        "{}\n[routes.context]\nwindow_tokens = 1000000\n",
-        config_for(&mock.base_url(), "")
+    // The context guard on, so its series are exposed too.
+    let guarded = guard_routes(
+        &config_for(&mock.base_url(), ""),
+        "window_tokens = 1000000\n",
     );
     let sluice = Sluice::start(&guarded);
     traffic(&sluice).await;

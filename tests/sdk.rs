@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{b64, client, config_for, metric, picture, tool_output, MockUpstream, Sluice};
+use common::{
+    b64, client, config_for, guard_routes, metric, picture, tool_output, MockUpstream, Sluice,
+};
 use serde_json::Value;
 
 /// Runs tests/sdk/check.py against `sluice` with `extra` arguments; panics with its output if
@@ -264,14 +266,11 @@ async fn official_sdks_get_one_response_while_the_model_reads_on() {
 fn official_sdks_run_a_200_turn_session_under_the_context_guard() {
     let mock = MockUpstream::start();
     mock.context_window(Some(48_000));
-    let guard = "[routes.context]\nwindow_tokens = 48000\noutput_tokens = 4096\n";
     let off = Sluice::start(&config_for(&mock.base_url(), ""));
     run_script(&off, &["--context-turns", "60", "--expect-context-failure"]);
-    let config = config_for(&mock.base_url(), "").replace(
-        "upstream = \"{up}\"\n"
-            .replace("{up}", &mock.base_url())
-            .as_str(),
-        &format!("upstream = \"{}\"\n{guard}", mock.base_url()),
+    let config = guard_routes(
+        &config_for(&mock.base_url(), ""),
+        "window_tokens = 48000\noutput_tokens = 4096\n",
     );
     assert_eq!(
         config.matches("window_tokens").count(),

@@ -9,7 +9,9 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{b64, client, config_for, metric, picture, tool_output, MockUpstream, Sluice};
+use common::{
+    b64, client, config_for, guard_routes, metric, picture, tool_output, MockUpstream, Sluice,
+};
 use image::ImageFormat;
 use serde_json::{json, Value};
 
@@ -375,12 +377,12 @@ async fn a_long_session_keeps_a_bounded_state_in_redis() {
 async fn retired_results_are_shared_by_replicas() {
     let mock = MockUpstream::start();
     mock.context_window(Some(12_000));
-    let guarded = format!(
-        "{}\n[routes.context]\nwindow_tokens = 12000\noutput_tokens = 1000\n",
-        config_for(
+    let guarded = guard_routes(
+        &config_for(
             &mock.base_url(),
             &format!("[store]\nbackend = \"redis\"\nredis_url = \"{REDIS}\"\n"),
-        )
+        ),
+        "window_tokens = 12000\noutput_tokens = 1000\n",
     );
     let (a, b) = (Sluice::start(&guarded), Sluice::start(&guarded));
     let key = format!("sk-{}", uuid::Uuid::new_v4());

@@ -63,12 +63,7 @@ impl Shared {
         if body.len() < HEAVY_BODY_BYTES && !self.routes.may_guard(ask.dialect, body.len()) {
             return self.stages(ask, body, false).await;
         }
-        let _permit = self
-            .heavy
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| GatewayError::Internal)?;
+        let _permit = self.heavy_slot().await?;
         let shared = Arc::clone(self);
         let body = body.clone();
         let (dialect, headers, request_id) =
@@ -88,6 +83,15 @@ impl Shared {
         })
         .await
         .map_err(|_| GatewayError::Internal)?
+    }
+
+    /// A place among the `heavy` jobs (at most `worker_threads` − 1 run at once).
+    async fn heavy_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, GatewayError> {
+        self.heavy
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| GatewayError::Internal)
     }
 
     /// Stages 2 to 7, in order; `pooled` when already on the blocking pool.
@@ -113,12 +117,8 @@ impl Shared {
         // request is large enough to reach its trigger.
         let thresholds = projection::guard::Thresholds::of(&view, &route.config.context);
         let guarded = thresholds.is_some_and(|t| t.engaged(&view, 0));
-        // What the front adds after planning, when the guard counts: the rounds hidden on
-        // earlier turns, spliced back (C3), and the read tool's definition. The guard keeps the
-        // request under its window with them, through a window smaller by their tokens.
         let mut hidden = None;
         let mut limits = route.config.context.clone();
-        let mut job_route = None;
         let mut projection = match light {
             // No image and no guard: no session is needed.
             Some(prepared) if !guarded => {
@@ -130,16 +130,8 @@ impl Shared {
                     .await;
                 if let Some(t) = thresholds.filter(|_| guarded) {
                     let edits = self.hidden_rounds(dialect, body, &tenant, &state).await;
-                    let added = edits
-                        .iter()
-                        .map(|e| std::str::from_utf8(&e.with).unwrap_or_default())
-                        .chain([read::definition(dialect, &read_tool).as_str()])
-                        .map(|json| t.tokenizer.count(&crate::tokens::json_text(json)))
-                        .sum::<u64>();
+                    let added = added_after_planning(t.tokenizer, dialect, &read_tool, &edits);
                     limits.window_tokens = limits.window_tokens.saturating_sub(added).max(1);
-                    let mut route = route.config.clone();
-                    route.context = limits.clone();
-                    job_route = Some(route);
                     hidden = Some(edits);
                 }
                 let policy = projection::policy::Policy {
@@ -157,7 +149,10 @@ impl Shared {
                         dialect,
                         body: body.clone(),
                         tenant: tenant.clone(),
-                        route: job_route.take().unwrap_or_else(|| route.config.clone()),
+                        route: crate::config::RouteConfig {
+                            context: limits.clone(),
+                            ..route.config.clone()
+                        },
                         read_tool: read_tool.clone(),
                         state,
                     };
@@ -269,12 +264,7 @@ impl Shared {
         self: &Arc<Self>,
         job: Planning,
     ) -> Result<(projection::Projection, SessionState), GatewayError> {
-        let _permit = self
-            .heavy
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| GatewayError::Internal)?;
+        let _permit = self.heavy_slot().await?;
         let shared = Arc::clone(self);
         let planned = tokio::task::spawn_blocking(move || {
             let view = job.dialect.read_view(&job.body).ok()?;
@@ -326,6 +316,23 @@ impl Shared {
         }
         edits
     }
+}
+
+/// The tokens the front adds after planning when the guard counts: the rounds hidden on
+/// earlier turns, spliced back (C3), and the read tool's definition. The guard plans under a
+/// window smaller by them, so the request as forwarded stays under the real one.
+fn added_after_planning(
+    tokenizer: crate::tokens::Tokenizer,
+    dialect: Dialect,
+    read_tool: &str,
+    hidden: &[projection::Edit],
+) -> u64 {
+    hidden
+        .iter()
+        .map(|e| std::str::from_utf8(&e.with).unwrap_or_default())
+        .chain([read::definition(dialect, read_tool).as_str()])
+        .map(|json| tokenizer.count(&crate::tokens::json_text(json)))
+        .sum()
 }
 
 /// Stage 6: the core's plan of a prepared view.

@@ -510,31 +510,8 @@ fn read_on(
 /// tool running `seq 1 N`. Later requests go on with [`directive`].
 fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
     let text = String::from_utf8_lossy(body);
-    let at = text.find("mock:shell=")? + "mock:shell=".len();
-    let n: u64 = text[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .ok()?;
-    let answered = match dialect {
-        Dialect::Anthropic => request["messages"]
-            .as_array()?
-            .iter()
-            .filter_map(|m| m["content"].as_array())
-            .flatten()
-            .any(|b| b["type"] == "tool_result"),
-        Dialect::Responses => request["input"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|i| i["type"] == "function_call_output"),
-        Dialect::Chat => request["messages"]
-            .as_array()?
-            .iter()
-            .any(|m| m["role"] == "tool"),
-    };
-    if answered {
+    let n = number_after(&text, text.find("mock:shell=")? + "mock:shell=".len())?;
+    if tool_results(request, dialect) > 0 {
         return None;
     }
     shell_call(request, &format!("seq 1 {n}"), &format!("Count to {n}"))
@@ -573,13 +550,7 @@ fn shell_call(request: &Value, command: &str, description: &str) -> Option<Reply
 /// ones each time), while its history holds fewer than N tool results; then `Ran N commands.`.
 fn agent_shells(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
     let text = String::from_utf8_lossy(body);
-    let at = text.find("mock:shells=")? + "mock:shells=".len();
-    let n: usize = text[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .ok()?;
+    let n = number_after(&text, text.find("mock:shells=")? + "mock:shells=".len())?;
     let done = tool_results(request, dialect);
     if done >= n {
         return Some(Reply::Text(format!("Ran {n} commands.")));
@@ -596,6 +567,16 @@ pub fn anthropic_tokens(request: &Value) -> u64 {
 /// The input tokens of a Responses request as the mock counts them when it enforces a window.
 pub fn responses_tokens(request: &Value) -> u64 {
     reference_tokens(Dialect::Responses, request)
+}
+
+/// The number written at byte `at` of a directive's text (`mock:shell=5000`).
+fn number_after(text: &str, at: usize) -> Option<usize> {
+    text.get(at..)?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
 }
 
 /// The tool results in a request's history.
@@ -631,13 +612,10 @@ fn tool_results(request: &Value, dialect: Dialect) -> usize {
 /// the history holds fewer than N tool results; then the text `Took N screenshots.`.
 fn agent_screenshots(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> {
     let text = String::from_utf8_lossy(body);
-    let at = text.rfind("mock:screenshots=")? + "mock:screenshots=".len();
-    let n: usize = text[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .ok()?;
+    let n = number_after(
+        &text,
+        text.rfind("mock:screenshots=")? + "mock:screenshots=".len(),
+    )?;
     let tools = request["tools"].as_array()?;
     let name = tools.iter().find_map(|t| {
         let name = t["name"].as_str().or(t["function"]["name"].as_str())?;

@@ -76,6 +76,21 @@ upstream = "{upstream}"
     )
 }
 
+/// `config` with a `[routes.context]` table of `keys` (TOML lines) on every route: the context
+/// guard on.
+pub fn guard_routes(config: &str, keys: &str) -> String {
+    config
+        .lines()
+        .map(|line| {
+            if line.starts_with("upstream = \"") {
+                format!("{line}\n[routes.context]\n{keys}")
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect()
+}
+
 impl Sluice {
     /// Starts sluice with `config` (a TOML document) and extra environment variables.
     pub fn start_with(config: &str, env: &[(&str, &str)]) -> Sluice {

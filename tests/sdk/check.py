@@ -267,73 +267,64 @@ def context_guard(oa, an, turns, expect_failure):
     """A 200-turn agent session per dialect, streamed and not (context guard, issue #15): with
     the guard every turn completes; without it (`expect_failure`) the provider's context error
     reaches the SDK as BadRequestError once the history passes the window."""
-    for stream in (False, True):
-        session = {"x-sluice-session": f"sdk-context-chat-{stream}"}
-        # OpenAI chat.
-        messages = [{"role": "user", "content": "Fix the warnings."}]
+
+    def chat(history, i, stream, session):
+        history.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
+        history.append({"role": "tool", "tool_call_id": f"call_{i}", "content": build_output(i)})
         tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
-        failed = None
-        for i in range(turns):
-            messages.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
-            messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": build_output(i)})
-            try:
-                if stream:
-                    text = "".join(c.choices[0].delta.content or "" for c in oa.chat.completions.create(
-                        model="gpt-4o", messages=messages, tools=tools, max_tokens=1000, stream=True,
-                        extra_headers=session) if c.choices)
-                else:
-                    text = oa.chat.completions.create(model="gpt-4o", messages=messages, tools=tools, max_tokens=1000,
-                                                      extra_headers=session).choices[0].message.content
-                assert text == "Hello from the mock.", text
-            except openai.BadRequestError as e:
-                assert e.code == "context_length_exceeded", e.body
-                failed = i
-                break
-        expect((failed is not None) == expect_failure, f"context: chat stream={stream}: failed at {failed}")
-        # OpenAI Responses.
-        session = {"x-sluice-session": f"sdk-context-responses-{stream}"}
-        items = [{"role": "user", "content": "Fix the warnings."}]
-        failed = None
-        for i in range(turns):
-            items.append({"type": "function_call", "call_id": f"call_{i}", "name": "bash", "arguments": "{}"})
-            items.append({"type": "function_call_output", "call_id": f"call_{i}", "output": build_output(i)})
-            try:
-                if stream:
-                    events = list(oa.responses.create(model="gpt-5", input=items, max_output_tokens=1000, stream=True,
-                                                      extra_headers=session))
-                    assert events[-1].type == "response.completed", events[-1].type
-                else:
-                    r = oa.responses.create(model="gpt-5", input=items, max_output_tokens=1000, extra_headers=session)
-                    assert r.output_text == "Hello from the mock.", r.output_text
-            except openai.BadRequestError as e:
-                assert e.code == "context_length_exceeded", e.body
-                failed = i
-                break
-        expect((failed is not None) == expect_failure, f"context: responses stream={stream}: failed at {failed}")
-        # Anthropic Messages.
-        session = {"x-sluice-session": f"sdk-context-messages-{stream}"}
-        history = [{"role": "user", "content": "Fix the warnings."}]
-        failed = None
-        for i in range(turns):
-            history.append({"role": "assistant", "content": [
-                {"type": "tool_use", "id": f"toolu_{i}", "name": "bash", "input": {}}]})
-            history.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": build_output(i)}]})
-            try:
-                if stream:
-                    with an.messages.stream(model="claude-sonnet-4-5", max_tokens=1000, messages=history,
-                                            extra_headers=session) as s:
-                        final = s.get_final_message()
-                else:
-                    final = an.messages.create(model="claude-sonnet-4-5", max_tokens=1000, messages=history,
-                                               extra_headers=session)
-                assert final.content[0].text == "Hello from the mock.", final.content
-            except anthropic.BadRequestError as e:
-                assert "prompt is too long" in str(e), e
-                failed = i
-                break
-        expect((failed is not None) == expect_failure, f"context: messages stream={stream}: failed at {failed}")
+        if stream:
+            chunks = oa.chat.completions.create(model="gpt-4o", messages=history, tools=tools, max_tokens=1000,
+                                                stream=True, extra_headers=session)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            text = oa.chat.completions.create(model="gpt-4o", messages=history, tools=tools, max_tokens=1000,
+                                              extra_headers=session).choices[0].message.content
+        assert text == "Hello from the mock.", text
+
+    def responses(history, i, stream, session):
+        history.append({"type": "function_call", "call_id": f"call_{i}", "name": "bash", "arguments": "{}"})
+        history.append({"type": "function_call_output", "call_id": f"call_{i}", "output": build_output(i)})
+        if stream:
+            events = list(oa.responses.create(model="gpt-5", input=history, max_output_tokens=1000, stream=True,
+                                              extra_headers=session))
+            assert events[-1].type == "response.completed", events[-1].type
+        else:
+            r = oa.responses.create(model="gpt-5", input=history, max_output_tokens=1000, extra_headers=session)
+            assert r.output_text == "Hello from the mock.", r.output_text
+
+    def messages(history, i, stream, session):
+        history.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "bash", "input": {}}]})
+        history.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": build_output(i)}]})
+        if stream:
+            with an.messages.stream(model="claude-sonnet-4-5", max_tokens=1000, messages=history,
+                                    extra_headers=session) as s:
+                final = s.get_final_message()
+        else:
+            final = an.messages.create(model="claude-sonnet-4-5", max_tokens=1000, messages=history,
+                                       extra_headers=session)
+        assert final.content[0].text == "Hello from the mock.", final.content
+
+    def refused(e):
+        if isinstance(e, openai.BadRequestError):
+            return e.code == "context_length_exceeded"
+        return isinstance(e, anthropic.BadRequestError) and "prompt is too long" in str(e)
+
+    for stream in (False, True):
+        for name, turn in (("chat", chat), ("responses", responses), ("messages", messages)):
+            session = {"x-sluice-session": f"sdk-context-{name}-{stream}"}
+            history = [{"role": "user", "content": "Fix the warnings."}]
+            failed = None
+            for i in range(turns):
+                try:
+                    turn(history, i, stream, session)
+                except (openai.BadRequestError, anthropic.BadRequestError) as e:
+                    assert refused(e), getattr(e, "body", e)
+                    failed = i
+                    break
+            expect((failed is not None) == expect_failure, f"context: {name} stream={stream}: failed at {failed}")
 
 
 def main():

@@ -71,7 +71,7 @@ pub fn project(
         if obviously_fits(raw, policy.budget) {
             continue;
         }
-        let key = memo_key(memo.seed(), view.shapes, policy, raw);
+        let key = memo_key(b"", memo.seed(), view.shapes, policy, raw);
         let replacement = match memo.page(key) {
             Some(known) => known,
             None => {
@@ -103,8 +103,17 @@ fn obviously_fits(raw: &str, budget: Budget) -> bool {
         && memchr::memchr_iter(b'\\', raw.as_bytes()).count() < budget.lines
 }
 
-fn memo_key(seed: u64, shapes: &dyn Shapes, policy: &Policy<'_>, raw: &str) -> u128 {
+/// The memo key of what a tool result's raw content becomes under `policy`, in `domain` (empty
+/// for the text exit's pages; the context guard keeps its placeholders beside them).
+pub(crate) fn memo_key(
+    domain: &[u8],
+    seed: u64,
+    shapes: &dyn Shapes,
+    policy: &Policy<'_>,
+    raw: &str,
+) -> u128 {
     let mut h = Xxh3::with_seed(seed);
+    h.update(domain);
     h.update(policy.tenant.key());
     h.update(&(policy.budget.lines as u64).to_le_bytes());
     h.update(&(policy.budget.units as u64).to_le_bytes());

@@ -147,7 +147,13 @@ pub(super) fn show_retired(
             continue;
         }
         let images = extracted.get_mut(ri).and_then(Option::take);
-        let key = memo_key(ctx.memo, view, &ctx.policy, ctx.tenant, result);
+        let pages = exit::Policy {
+            tenant: ctx.tenant,
+            budget: ctx.policy.budget(),
+            read_tool: ctx.policy.read_tool,
+        };
+        let raw = result.content.get();
+        let key = exit::memo_key(b"retired\0", ctx.memo.seed(), view.shapes, &pages, raw);
         let with = match ctx.memo.page(key).flatten() {
             Some(known) => known,
             None => {
@@ -350,25 +356,6 @@ pub fn placeholder(
         bytes: Bytes::from(text.to_owned()),
     };
     (Bytes::from(with), spill)
-}
-
-/// The key a retired result's placeholder is memoized under (beside the text exit's pages).
-pub fn memo_key(
-    memo: &dyn Memos,
-    view: &RequestView<'_>,
-    policy: &Policy<'_>,
-    tenant: &crate::tenant::Tenant,
-    result: &ToolResult<'_>,
-) -> u128 {
-    let mut h = Xxh3::with_seed(memo.seed());
-    h.update(b"retired\0");
-    h.update(tenant.key());
-    h.update(&(policy.pages.max_lines as u64).to_le_bytes());
-    h.update(&(policy.pages.max_units as u64).to_le_bytes());
-    h.update(policy.read_tool.as_bytes());
-    h.update(&[0, view.shapes.tag()]);
-    h.update(result.content.get().as_bytes());
-    h.digest128()
 }
 
 /// The text a tool result carries, as a retired result's artifact holds it.
