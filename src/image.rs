@@ -130,6 +130,21 @@ pub fn decode_base64(data: &str, max_bytes: u64) -> Result<Vec<u8>, Refusal> {
     Ok(bytes)
 }
 
+/// The width and height of an image sent as base64 (a `data:` URL or bare), read from the
+/// header in its first 48 KiB; `None` when it is not an image sluice can read.
+pub fn payload_size(payload: &str) -> Option<(u32, u32)> {
+    let data = match payload.strip_prefix("data:") {
+        Some(url) => url.split_once(";base64,")?.1,
+        None => payload,
+    };
+    let head = data.get(..data.len().min(64 * 1024) / 4 * 4)?;
+    let bytes = STANDARD.decode(head.as_bytes()).ok()?;
+    let kind = ImageType::from_format(image::guess_format(&bytes).ok()?)?;
+    let mut reader = ImageReader::with_format(Cursor::new(&bytes[..]), kind.format());
+    reader.limits(limits());
+    reader.into_dimensions().ok()
+}
+
 /// Checks image bytes: the type from the magic bytes, the size from the header, and that the
 /// file ends as its format requires. `declared` is the type the image was labelled with.
 pub fn check(bytes: Bytes, declared: Option<&str>) -> Result<Checked, Refusal> {

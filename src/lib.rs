@@ -20,6 +20,7 @@
 //! - [`encoding`]: content codings sluice decodes (compressed request and response bodies).
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
 //! - [`metrics`]: every Prometheus metric.
+//! - [`inspect`]: turn records, savings, the session API's data (docs/inspector.md).
 //! - Leaves: [`tenant`] (who calls, as a fingerprint of the credential), [`image`] (checks,
 //!   downscaling), [`json`] (panic-free edits of untrusted JSON), [`tokens`] (token estimates).
 
@@ -30,6 +31,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod image;
+pub mod inspect;
 pub mod json;
 pub mod memo;
 pub mod metrics;

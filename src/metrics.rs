@@ -2,8 +2,8 @@
 //! and their unit; labels are low-cardinality (dialect, route name, status, outcome).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::GatewayError;
@@ -93,6 +93,16 @@ pub struct Metrics {
     pub context_overflows_total: IntCounterVec,
     /// The estimated input tokens of requests the guard looked at, as forwarded.
     pub input_tokens_estimated: Histogram,
+    /// Estimated input tokens of completed requests by route and side (`received` from the
+    /// agent, `forwarded` to the provider); the inspector counts them (docs/inspector.md).
+    pub input_tokens_total: IntCounterVec,
+    /// The same, weighted by the provider's prompt-cache prices, in uncached input tokens.
+    pub input_cost_tokens_total: CounterVec,
+    /// Input tokens the provider reported, by route and kind (uncached, cached,
+    /// cache_creation).
+    pub provider_input_tokens_total: IntCounterVec,
+    /// Turn records dropped: the inspector's queue was full or its store failed.
+    pub inspector_dropped_total: IntCounter,
 }
 
 impl Metrics {
@@ -291,6 +301,35 @@ impl Metrics {
         registry.register(Box::new(context_retired_total.clone()))?;
         registry.register(Box::new(context_overflows_total.clone()))?;
         registry.register(Box::new(input_tokens_estimated.clone()))?;
+        let input_tokens_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_input_tokens_total",
+                "Estimated input tokens of completed requests, as received and as forwarded.",
+            ),
+            &["route", "side"],
+        )?;
+        let input_cost_tokens_total = CounterVec::new(
+            Opts::new(
+                "sluice_input_cost_tokens_total",
+                "Cache-weighted input cost of completed requests, in uncached input tokens.",
+            ),
+            &["route", "side"],
+        )?;
+        let provider_input_tokens_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_provider_input_tokens_total",
+                "Input tokens the provider reported, by kind (uncached, cached, cache_creation).",
+            ),
+            &["route", "kind"],
+        )?;
+        let inspector_dropped_total = IntCounter::new(
+            "sluice_inspector_dropped_total",
+            "Turn records dropped (inspector queue full or store failure).",
+        )?;
+        registry.register(Box::new(input_tokens_total.clone()))?;
+        registry.register(Box::new(input_cost_tokens_total.clone()))?;
+        registry.register(Box::new(provider_input_tokens_total.clone()))?;
+        registry.register(Box::new(inspector_dropped_total.clone()))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -321,6 +360,10 @@ impl Metrics {
             context_retired_total,
             context_overflows_total,
             input_tokens_estimated,
+            input_tokens_total,
+            input_cost_tokens_total,
+            provider_input_tokens_total,
+            inspector_dropped_total,
         })
     }
 

@@ -98,42 +98,15 @@ impl Tokenizer {
 
 /// The text a fragment of JSON carries, for counting: each string value decoded (object keys
 /// are structure, not text), joined by newlines, which stand for the structure between them
-/// as a provider's prompt template does (a few tokens per message). Base64 payloads — `data:` URLs and long runs of the base64 alphabet — are left out:
-/// a provider reads them as images or files, counted apart. `fragment` may be any slice of a
-/// JSON text that starts and ends outside a string; an unterminated string ends the scan.
+/// as a provider's prompt template does (a few tokens per message). Base64 payloads — `data:`
+/// URLs and long runs of the base64 alphabet — are left out: a provider reads them as images
+/// or files, counted apart ([`json_payloads`]). `fragment` may be any slice of a JSON text
+/// that starts and ends outside a string; an unterminated string ends the scan.
 pub fn json_text(fragment: &str) -> String {
-    let bytes = fragment.as_bytes();
     let mut out = String::new();
-    let mut at = 0;
-    while let Some(open) = bytes.get(at..).and_then(|rest| memchr::memchr(b'"', rest)) {
-        let start = at + open;
-        let mut scan = start + 1;
-        let mut escaped = false;
-        let end = loop {
-            match bytes
-                .get(scan..)
-                .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
-            {
-                None => return out,
-                Some(k) if bytes.get(scan + k) == Some(&b'\\') => {
-                    escaped = true;
-                    scan += k + 2;
-                }
-                Some(k) => break scan + k,
-            }
-        };
-        at = end + 1;
-        let next = bytes
-            .get(at..)
-            .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
-        if next == Some(&b':') {
-            continue;
-        }
-        let Some(literal) = fragment.get(start..=end) else {
-            continue;
-        };
+    for (literal, escaped) in Strings::of(fragment) {
         let inner = literal.get(1..literal.len() - 1).unwrap_or_default();
-        if inner.len() >= PAYLOAD_MIN_BYTES && is_payload(inner) {
+        if is_payload(inner) {
             continue;
         }
         if !out.is_empty() {
@@ -151,8 +124,74 @@ pub fn json_text(fragment: &str) -> String {
     out
 }
 
+/// The base64 payloads among a fragment's string values (as [`json_text`] leaves them out),
+/// without their quotes.
+pub fn json_payloads(fragment: &str) -> impl Iterator<Item = &str> {
+    Strings::of(fragment)
+        .map(|(literal, _)| literal.get(1..literal.len() - 1).unwrap_or_default())
+        .filter(|inner| is_payload(inner))
+}
+
+/// The string values of a JSON fragment (keys skipped), each as its literal with quotes and
+/// whether it holds an escape.
+struct Strings<'a> {
+    fragment: &'a str,
+    at: usize,
+}
+
+impl<'a> Strings<'a> {
+    fn of(fragment: &'a str) -> Self {
+        Strings { fragment, at: 0 }
+    }
+}
+
+impl<'a> Iterator for Strings<'a> {
+    type Item = (&'a str, bool);
+
+    fn next(&mut self) -> Option<(&'a str, bool)> {
+        let bytes = self.fragment.as_bytes();
+        loop {
+            let open = bytes
+                .get(self.at..)
+                .and_then(|rest| memchr::memchr(b'"', rest))?;
+            let start = self.at + open;
+            let mut scan = start + 1;
+            let mut escaped = false;
+            let end = loop {
+                match bytes
+                    .get(scan..)
+                    .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+                {
+                    None => {
+                        self.at = bytes.len();
+                        return None;
+                    }
+                    Some(k) if bytes.get(scan + k) == Some(&b'\\') => {
+                        escaped = true;
+                        scan += k + 2;
+                    }
+                    Some(k) => break scan + k,
+                }
+            };
+            self.at = end + 1;
+            let next = bytes
+                .get(self.at..)
+                .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
+            if next == Some(&b':') {
+                continue;
+            }
+            if let Some(literal) = self.fragment.get(start..=end) {
+                return Some((literal, escaped));
+            }
+        }
+    }
+}
+
 /// Whether a long string is a base64 payload rather than text.
 fn is_payload(s: &str) -> bool {
+    if s.len() < PAYLOAD_MIN_BYTES {
+        return false;
+    }
     if s.starts_with("data:") {
         return true;
     }

@@ -145,6 +145,10 @@ pub struct RelayEnd {
     /// The response completed (A9): an event stream's final event passed through, or a whole
     /// non-stream body with a success status was handed on.
     pub complete: bool,
+    /// The usage the stream's events reported, when the watch read it.
+    pub usage: Option<crate::dialect::usage::Usage>,
+    /// The whole body, when it was asked to be kept ([`Started::relay_keeping`]).
+    pub kept: Option<Bytes>,
 }
 
 type OnEnd = Box<dyn FnOnce(RelayEnd) + Send>;
@@ -231,10 +235,28 @@ impl Started {
     /// reads, so a slow client slows the upstream instead of filling memory. `on_end` runs once,
     /// when the body ended one way or another.
     /// `watch` follows an event stream for its dialect's final event.
-    pub fn relay<F>(self, mut watch: Option<Completion>, on_end: F) -> RelayBody
+    pub fn relay<F>(self, watch: Option<Completion>, on_end: F) -> RelayBody
     where
         F: FnOnce(RelayEnd) + Send + 'static,
     {
+        self.relay_keeping(watch, 0, on_end)
+    }
+
+    /// [`Started::relay`], keeping a copy of a body of up to `keep` bytes that is not
+    /// compressed, for reading after its end (the inspector reads the usage in it).
+    pub fn relay_keeping<F>(
+        self,
+        mut watch: Option<Completion>,
+        keep: usize,
+        on_end: F,
+    ) -> RelayBody
+    where
+        F: FnOnce(RelayEnd) + Send + 'static,
+    {
+        let keeps = keep > 0
+            && self.decoder.is_none()
+            && self.undecodable.is_none()
+            && self.expected.is_none_or(|n| n <= keep as u64);
         if let (Some(watch), Some(named)) = (&mut watch, &self.undecodable) {
             // A body sluice cannot read cannot be seen to complete: nothing is committed.
             tracing::warn!(content_encoding = %named, "cannot decode the upstream stream to watch for its end; its delivery state is not committed");
@@ -251,6 +273,8 @@ impl Started {
             bytes: 0,
             expected: self.expected,
             on_end: Some(Box::new(on_end)),
+            kept: keeps.then(bytes::BytesMut::new),
+            keep,
         }
     }
 }
@@ -271,6 +295,9 @@ pub struct RelayBody {
     watch: Option<Completion>,
     /// Decodes the relayed bytes for `watch`; the client gets them as the upstream sent them.
     decoder: Option<Decoder>,
+    /// A copy of the body so far, while it stays within `keep` bytes.
+    kept: Option<bytes::BytesMut>,
+    keep: usize,
 }
 
 impl RelayBody {
@@ -285,12 +312,21 @@ impl RelayBody {
                 outcome,
                 bytes: self.bytes,
                 complete,
+                usage: self.watch.as_ref().and_then(Completion::usage),
+                kept: self.kept.take().map(bytes::BytesMut::freeze),
             });
         }
     }
 
     fn chunk(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.bytes += chunk.len() as u64;
+        if let Some(kept) = &mut self.kept {
+            if kept.len() + chunk.len() <= self.keep {
+                kept.extend_from_slice(&chunk);
+            } else {
+                self.kept = None;
+            }
+        }
         if let Some(watch) = &mut self.watch {
             match &mut self.decoder {
                 None => watch.feed(&chunk),

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
+pub mod inspector;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dialect::Dialect;
@@ -110,6 +112,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub session: SessionConfig,
     pub routes: Vec<RouteConfig>,
+    /// `[inspector]`: turn records, the session API and page (docs/inspector.md).
+    pub inspector: inspector::InspectorConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -180,6 +184,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             session: SessionConfig::default(),
             routes: default_routes(),
+            inspector: inspector::InspectorConfig::default(),
         }
     }
 }
@@ -346,6 +351,16 @@ impl Config {
         if self.max_body_bytes == 0 {
             return Err(ConfigError::at("max_body_bytes", "must be above 0"));
         }
+        if self.inspector.keep_turns == 0 || self.inspector.keep_turns > 10_000 {
+            return Err(ConfigError::at(
+                "inspector.keep_turns",
+                "must be from 1 to 10000",
+            ));
+        }
+        self.inspector
+            .prices
+            .check("inspector")
+            .map_err(|key| ConfigError::at(key, "must be a number of 0 or more"))?;
         positive_seconds("drain_timeout_seconds", self.drain_timeout_seconds)?;
         positive_seconds(
             "request_body_timeout_seconds",

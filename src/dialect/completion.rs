@@ -16,6 +16,8 @@ pub struct Completion {
     saw_finish: bool,
     done: bool,
     failed: bool,
+    /// What the stream's events say the request used, when asked to read it.
+    usage: Option<super::usage::Usage>,
 }
 
 #[derive(Deserialize)]
@@ -53,7 +55,19 @@ impl Completion {
             saw_finish: false,
             done: false,
             failed: false,
+            usage: None,
         }
+    }
+
+    /// Also reads the provider's usage from the events that carry it (the inspector).
+    pub fn with_usage(mut self) -> Self {
+        self.usage = Some(super::usage::Usage::default());
+        self
+    }
+
+    /// The usage the stream reported, when asked for and reported.
+    pub fn usage(&self) -> Option<super::usage::Usage> {
+        self.usage.filter(|u| *u != super::usage::Usage::default())
     }
 
     /// Feeds the next bytes of the event stream.
@@ -63,9 +77,11 @@ impl Completion {
         }
         let dialect = self.dialect;
         let mut seen = Vec::new();
-        let fed = self
-            .framer
-            .feed(bytes, &mut |event| seen.push(Self::judge(dialect, event)));
+        let usage = &mut self.usage;
+        let fed = self.framer.feed(bytes, &mut |event| {
+            Self::read_usage(dialect, &event, usage);
+            seen.push(Self::judge(dialect, event));
+        });
         for s in seen {
             self.note(s);
         }
@@ -79,8 +95,11 @@ impl Completion {
     pub fn finish(&mut self) {
         let dialect = self.dialect;
         let mut seen = Vec::new();
-        self.framer
-            .finish(&mut |event| seen.push(Self::judge(dialect, event)));
+        let usage = &mut self.usage;
+        self.framer.finish(&mut |event| {
+            Self::read_usage(dialect, &event, usage);
+            seen.push(Self::judge(dialect, event));
+        });
         for s in seen {
             self.note(s);
         }
@@ -108,6 +127,20 @@ impl Completion {
             Seen::Finish => self.saw_finish = true,
             Seen::Final => self.done = self.dialect != Dialect::OpenAiChat || self.saw_finish,
             Seen::Failure => self.failed = true,
+        }
+    }
+
+    /// Adds the usage an event carries, when usage is read and the event can carry it: the
+    /// test on the raw text keeps the other events (the many deltas) unparsed.
+    fn read_usage(dialect: Dialect, event: &Event<'_>, usage: &mut Option<super::usage::Usage>) {
+        let (Some(usage), Some(data)) = (usage.as_mut(), event.data) else {
+            return;
+        };
+        if !data.contains("\"usage\"") {
+            return;
+        }
+        if let Some(more) = super::usage::of_json(dialect, data) {
+            usage.merge(more);
         }
     }
 

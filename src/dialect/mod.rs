@@ -11,6 +11,7 @@ pub mod openai_chat;
 mod openai_responses;
 mod render;
 pub mod sse;
+pub mod usage;
 
 use std::borrow::Cow;
 

@@ -141,6 +141,8 @@ pub struct ImageEvent {
     pub height: u32,
     /// The tool result it is in, by index in the view; `None` for a user image.
     pub result: Option<usize>,
+    /// Its artifact, when it has bytes sluice stored.
+    pub artifact: Option<artifact::ArtifactId>,
 }
 
 /// What projection needs besides the view: who asks, under which route's policy, and the memos
@@ -354,7 +356,8 @@ pub(super) fn project_with(
             Place::Tool(ri, _) => Some(ri),
             Place::User(_) => None,
         };
-        out.images.push(event(&outcome, result));
+        let artifact = item_at(*place).and_then(|i| i.id);
+        out.images.push(event(&outcome, result, artifact));
         if matches!(outcome, Outcome::Retired | Outcome::Deferred)
             && item_at(*place).is_some_and(|i| i.id.is_some())
         {
@@ -441,7 +444,11 @@ fn media_artifacts<'a>(items: impl IntoIterator<Item = &'a Item>) -> Vec<exit::S
         .collect()
 }
 
-fn event(outcome: &Outcome, result: Option<usize>) -> ImageEvent {
+fn event(
+    outcome: &Outcome,
+    result: Option<usize>,
+    artifact: Option<artifact::ArtifactId>,
+) -> ImageEvent {
     let (name, reason, bytes, downscaled) = match outcome {
         Outcome::Embed(e) => ("embedded", "", e.base64.len() as u64, e.downscaled),
         Outcome::KeepRemote => ("embedded", "remote", 0, false),
@@ -462,6 +469,7 @@ fn event(outcome: &Outcome, result: Option<usize>) -> ImageEvent {
         width,
         height,
         result,
+        artifact,
     }
 }
 

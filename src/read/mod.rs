@@ -81,6 +81,17 @@ pub enum Request {
     Invalid(String),
 }
 
+impl Request {
+    /// The artifact a call reads, when it names one.
+    pub fn artifact(&self) -> Option<ArtifactId> {
+        match self {
+            Request::Page(cursor) => Some(cursor.artifact),
+            Request::Image(id) => Some(*id),
+            Request::Invalid(_) => None,
+        }
+    }
+}
+
 /// A read call's answer: its text, and an image to attach (C5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {

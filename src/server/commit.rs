@@ -35,6 +35,12 @@ pub(super) struct Commit {
     written: Option<Written>,
     /// The route's name, for the metrics.
     route: String,
+    /// The request's turn record, handed to the inspector when the response ends (whether or
+    /// not it completed).
+    turn: Option<(
+        Arc<crate::inspect::Inspector>,
+        Box<crate::inspect::turn::Draft>,
+    )>,
 }
 
 impl Commit {
@@ -45,6 +51,7 @@ impl Commit {
             delta: Delta::default(),
             written: None,
             route: String::new(),
+            turn: None,
         }
     }
 
@@ -60,6 +67,52 @@ impl Commit {
             delta,
             written: None,
             route: route.to_owned(),
+            turn: None,
+        }
+    }
+
+    /// The turn record this request's end hands to the inspector.
+    pub(super) fn inspect(
+        &mut self,
+        inspector: Arc<crate::inspect::Inspector>,
+        draft: crate::inspect::turn::Draft,
+    ) {
+        self.turn = Some((inspector, Box::new(draft)));
+    }
+
+    /// The turn record being drafted, if the inspector is on.
+    pub(super) fn draft(&mut self) -> Option<&mut crate::inspect::turn::Draft> {
+        self.turn.as_mut().map(|(_, d)| &mut **d)
+    }
+
+    /// The upstream answered: its status, and how long it took.
+    pub(super) fn answered(&mut self, status: http::StatusCode, upstream: std::time::Duration) {
+        if let Some(d) = self.draft() {
+            d.turn.status = status.as_u16();
+            d.turn.ms.upstream = upstream.as_secs_f64() * 1e3;
+        }
+    }
+
+    /// How the response ended, for the turn record: a stream or not, the usage its events
+    /// reported, the body kept for its usage.
+    pub(super) fn ended(
+        &mut self,
+        stream: bool,
+        usage: Option<crate::dialect::usage::Usage>,
+        kept: Option<bytes::Bytes>,
+    ) {
+        if let Some(d) = self.draft() {
+            d.turn.stream = stream;
+            d.turn.usage = usage.or(d.turn.usage);
+            d.response = kept.or(d.response.take());
+        }
+    }
+
+    /// Hands the turn record to the inspector (once).
+    fn record(&mut self, complete: bool) {
+        if let Some((inspector, mut draft)) = self.turn.take() {
+            draft.turn.complete = complete;
+            inspector.record(draft);
         }
     }
 
@@ -88,6 +141,7 @@ impl Commit {
     /// The response ended: written when it `complete`d (on a tracked task, so shutdown waits
     /// for it), counted `discarded` otherwise.
     pub(super) fn settle(mut self, complete: bool) {
+        self.record(complete);
         let Some((shared, tasks, session)) = self.to.take() else {
             return;
         };
@@ -116,6 +170,7 @@ impl Commit {
 impl Drop for Commit {
     /// Never settled: the response did not reach the client.
     fn drop(&mut self) {
+        self.record(false);
         if let Some((shared, _, _)) = self.to.take() {
             if !self.delta.is_empty() {
                 shared.discarded();

@@ -38,6 +38,9 @@ impl App {
                     .and_then(|r| r.tenant.clone())
             })
             .ok_or(GatewayError::Unauthorized)?;
+        if path.starts_with("/v1/sluice/sessions") {
+            return self.sessions_endpoint(req, ctx, tenant).await;
+        }
         let store_error = |e: crate::store::StoreError| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "artifact read failed");
             GatewayError::StoreUnavailable

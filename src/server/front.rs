@@ -41,6 +41,21 @@ pub(super) struct Front {
     /// The read tool's name, when it is offered.
     pub(super) tool: Option<String>,
     pub(super) accepts_images: bool,
+    /// What the inspector records of the request, when it is on.
+    pub(super) seen: Option<Seen>,
+}
+
+/// What the front saw, for the inspector's turn record (docs/inspector.md).
+pub(super) struct Seen {
+    pub(super) session: SessionKey,
+    /// The session id the client sent (header or conversation id), if any.
+    pub(super) label: String,
+    pub(super) model: String,
+    pub(super) tokenizer: crate::tokens::Tokenizer,
+    /// Each tool result's place and what the front knows of it.
+    pub(super) results: Vec<(projection::Span, crate::inspect::turn::SeenResult)>,
+    /// Rounds hidden on earlier turns, spliced back.
+    pub(super) hidden: usize,
 }
 
 /// What a request's front needs to know besides its body.
@@ -168,6 +183,7 @@ impl Shared {
                 || projection.summary.retired.unwrap_or(0) > 0
                 || (projection.rereadable > 0 && accepts_images));
         let mut tool = None;
+        let mut hidden_rounds = 0;
         if offer {
             if session.is_none() {
                 (session, state) = self
@@ -178,6 +194,7 @@ impl Shared {
                 Some(edits) => edits,
                 None => self.hidden_rounds(dialect, body, &tenant, &state).await,
             };
+            hidden_rounds = hidden.len();
             projection.edits.extend(hidden);
             if let Some(shape) = &shape {
                 let definition = read::definition(dialect, &read_tool);
@@ -185,6 +202,16 @@ impl Shared {
                 tool = Some(read_tool);
             }
         }
+        let seen = self.inspector.as_ref().map(|_| {
+            self.seen(
+                ask.headers,
+                &tenant,
+                &view,
+                route,
+                session.as_ref(),
+                hidden_rounds,
+            )
+        });
         Ok(Front {
             route: index,
             tenant,
@@ -192,7 +219,69 @@ impl Shared {
             projection,
             tool,
             accepts_images,
+            seen,
         })
+    }
+
+    /// What the inspector records of a request: its session (the key is computed here when
+    /// the request needed no state), its model and its tool results.
+    fn seen(
+        &self,
+        headers: &HeaderMap,
+        tenant: &Tenant,
+        view: &RequestView<'_>,
+        route: &Route,
+        session: Option<&SessionKey>,
+        hidden: usize,
+    ) -> Seen {
+        let header = headers
+            .get(&self.session_header)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty());
+        let session = session
+            .cloned()
+            .unwrap_or_else(|| SessionKey::of(tenant, header, view, &route.config.name).0);
+        let label = header
+            .or(view.conversation.as_deref())
+            .unwrap_or("")
+            .chars()
+            .take(128)
+            .collect();
+        let results = view
+            .tool_results
+            .iter()
+            .take(crate::inspect::turn::MAX_LISTED_RESULTS)
+            .map(|r| {
+                let seen = crate::inspect::turn::SeenResult {
+                    source: r.source.chars().take(128).collect(),
+                    tool: r
+                        .tool_name
+                        .as_deref()
+                        .map(|t| t.chars().take(128).collect()),
+                    bytes: (r.span.end - r.span.start) as u64,
+                    with: None,
+                };
+                (r.span, seen)
+            })
+            .collect();
+        Seen {
+            session,
+            label,
+            model: view
+                .model
+                .as_deref()
+                .unwrap_or("")
+                .chars()
+                .take(128)
+                .collect(),
+            tokenizer: route
+                .config
+                .context
+                .tokenizer
+                .unwrap_or_else(|| view.shapes.tokenizer()),
+            results,
+            hidden,
+        }
     }
 
     /// Stage 3: the route of the request's dialect and model, and who asks.

@@ -13,7 +13,7 @@ use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::upstream::{self};
 
-use super::{full, plain, App, Body, REQUEST_ID};
+use super::{full, plain, sessions, App, Body, REQUEST_ID};
 
 /// Decrements the in-flight gauge and records the request duration when dropped, which happens
 /// exactly once: at the end of the response body, or with an early error response.
@@ -78,6 +78,14 @@ impl App {
             self.sluice_endpoint(&req, &ctx).await
         } else if path.starts_with("/v1/") {
             self.pass_through(req, &mut ctx, inflight).await
+        } else if let Some(page) = path
+            .starts_with("/sluice/ui")
+            .then(|| sessions::page(&req))
+            .flatten()
+        {
+            drop(inflight);
+            ctx.dialect = "sluice";
+            Ok(page)
         } else if path == "/" && matches!(*req.method(), Method::GET | Method::HEAD) {
             // Clients check the base URL answers before they start (Claude Code: `HEAD /`).
             drop(inflight);

@@ -10,6 +10,7 @@
 //! - `rounds.rs`: the read rounds (C2-C5).
 //! - `commit.rs`: the one commit path of delivery state (A9).
 //! - `endpoints.rs`: `/v1/sluice/*` on the proxy listener; health, readiness, metrics.
+//! - `sessions.rs`: the inspector's session API and its page, `/sluice/ui`.
 //! - `body.rs`: request bodies (limits, pacing, decoding).
 
 use std::future::Future;
@@ -44,6 +45,7 @@ mod handle;
 mod pipeline;
 mod relay;
 mod rounds;
+mod sessions;
 mod workers;
 
 use body::{decode_body, full, plain, read_body};
@@ -125,6 +127,8 @@ struct Shared {
     /// at least one, so a core is left to the I/O threads): images decoded, checked and
     /// downscaled, large outputs paged and hashed.
     heavy: Arc<tokio::sync::Semaphore>,
+    /// Turn records, when `[inspector] enabled` (docs/inspector.md).
+    inspector: Option<Arc<crate::inspect::Inspector>>,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -189,6 +193,27 @@ impl Server {
                 (Backend::Redis(redis.clone()), Sessions::Redis(redis))
             }
         };
+        let inspector = if config.inspector.enabled {
+            let store = match &sessions {
+                Sessions::Embedded(s) => crate::inspect::store::TurnStore::embedded(s.database())
+                    .map_err(|e| StartError::DataDir {
+                    path: config.store.data_dir.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?,
+                Sessions::Redis(r) => crate::inspect::store::TurnStore::Redis(r.connection()),
+            };
+            let started = crate::inspect::Inspector::start(
+                config.inspector.clone(),
+                store,
+                ttl,
+                metrics.clone(),
+                tokio::runtime::Handle::current(),
+            )
+            .map_err(|e| StartError::Redis(format!("cannot start the inspector: {e}")))?;
+            Some(started)
+        } else {
+            None
+        };
         let artifacts = Artifacts::new(backend, metrics.clone(), ttl);
         let session_header = http::HeaderName::from_bytes(config.session.header.as_bytes())
             .map_err(|_| crate::config::ConfigError {
@@ -238,6 +263,7 @@ impl Server {
                 connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
                 body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
                 heavy: Arc::new(tokio::sync::Semaphore::new(heavy)),
+                inspector,
             }),
             proxy,
             admin,

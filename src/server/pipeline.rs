@@ -72,6 +72,7 @@ impl App {
             mut projection,
             tool,
             accepts_images,
+            seen,
         } = front;
         let route = self.routes.get(route).ok_or(GatewayError::Internal)?;
         ctx.route.clone_from(&route.config.name);
@@ -81,7 +82,7 @@ impl App {
             &self.shared,
             &self.commits,
             session.filter(|_| shows_model),
-            projection.delta,
+            std::mem::take(&mut projection.delta),
             &route.config.name,
         );
         let spills = std::mem::take(&mut projection.spills);
@@ -90,16 +91,24 @@ impl App {
         if let Some(report) = projection.context {
             self.count_context(&report, &route.config.name, &ctx.request_id);
         }
-        for (key, value) in projection.memos {
+        for (key, value) in std::mem::take(&mut projection.memos) {
             self.memo.insert_page(key, value);
         }
+        let draft = seen
+            .filter(|_| shows_model && self.inspector.is_some())
+            .map(|seen| self.draft(seen, &projection, dialect, &tenant, ctx, start, &body));
         let forwarded = splice(&body, projection.edits).map_err(|e| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
             GatewayError::Internal
         })?;
+        if let (Some(mut draft), Some(inspector)) = (draft, &self.inspector) {
+            draft.forwarded = forwarded.clone();
+            draft.turn.read_tool = tool.is_some();
+            commit.inspect(inspector.clone(), draft);
+        }
         let url = route.url(&parts.uri);
         let headers = forward_headers(parts.headers, route, ctx);
-        let job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
+        let mut job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
             dialect,
             tool,
             max_steps: route.config.max_read_steps,
@@ -120,6 +129,10 @@ impl App {
             .send(parts.method, url, headers, forwarded.into())
             .await?;
         let answered_at = Instant::now();
+        match &mut job {
+            Some(job) => job.commit.answered(started.status, answered_at - sent_at),
+            None => commit.answered(started.status, answered_at - sent_at),
+        }
         self.metrics
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
@@ -220,6 +233,67 @@ impl App {
             }
         });
         Ok(Some(written.map(|_| ()).boxed().shared()))
+    }
+
+    /// The turn record of a projected request, drafted from what its stages hold (cheap
+    /// clones); the inspector finishes it off the request path (docs/inspector.md).
+    #[allow(clippy::too_many_arguments)]
+    fn draft(
+        &self,
+        seen: super::front::Seen,
+        projection: &projection::Projection,
+        dialect: crate::dialect::Dialect,
+        tenant: &Tenant,
+        ctx: &Context,
+        start: Instant,
+        received: &Bytes,
+    ) -> crate::inspect::turn::Draft {
+        use crate::inspect::turn::{ContextFate, Draft, Turn};
+        let replaced: std::collections::HashMap<projection::Span, &Bytes> =
+            projection.edits.iter().map(|e| (e.span, &e.with)).collect();
+        let results = seen
+            .results
+            .into_iter()
+            .map(|(span, mut result)| {
+                result.with = replaced.get(&span).map(|w| (*w).clone());
+                result
+            })
+            .collect();
+        let turn = Turn {
+            at_ms: crate::store::session::stamp(),
+            request_id: ctx.request_id.clone(),
+            dialect: dialect.as_str().to_owned(),
+            route: ctx.route.clone(),
+            model: seen.model,
+            projection: projection.summary.header_value(),
+            images: Draft::images(&projection.images),
+            hidden_rounds: seen.hidden,
+            context: projection.context.map(|r| ContextFate {
+                estimated: r.estimated,
+                limit: r.limit,
+                retired: r.retired,
+                batch: r.batch,
+                overflow: r.overflow,
+            }),
+            ms: crate::inspect::turn::Durations {
+                sluice: start.elapsed().as_secs_f64() * 1e3,
+                ..Default::default()
+            },
+            ..Turn::default()
+        };
+        Draft {
+            tenant: tenant.clone(),
+            session: seen.session,
+            label: seen.label,
+            dialect,
+            tokenizer: seen.tokenizer,
+            started: start,
+            turn,
+            received: received.clone(),
+            forwarded: Bytes::new(),
+            results,
+            response: None,
+        }
     }
 
     /// What the context guard did, in the metrics and, for a batch or an overflow, the log.

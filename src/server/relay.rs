@@ -72,16 +72,27 @@ impl App {
         inflight: InFlight,
         start: Instant,
         watch: Option<Completion>,
-        commit: Commit,
+        mut commit: Commit,
     ) -> Response<Body> {
         let status = started.status;
         let event_stream = started.is_event_stream();
-        let watch = watch.filter(|_| event_stream);
+        // The inspector reads the provider's usage: from the stream's events, or from a whole
+        // body kept for it.
+        let inspected = commit.draft().is_some();
+        let watch = watch
+            .filter(|_| event_stream)
+            .map(|w| if inspected { w.with_usage() } else { w });
+        let keep = if inspected && !event_stream {
+            crate::inspect::KEEP_RESPONSE_BYTES
+        } else {
+            0
+        };
         let headers = upstream::response_headers(std::mem::take(&mut started.headers));
         let metrics = self.metrics.clone();
         let (request_id, dialect, route) = (ctx.request_id.clone(), ctx.dialect, ctx.route.clone());
-        let body = started.relay(watch, move |end| {
+        let body = started.relay_keeping(watch, keep, move |end| {
             drop(inflight);
+            commit.ended(event_stream, end.usage, end.kept);
             // A9: state changes count only when the response completed.
             commit.settle(end.complete);
             if event_stream {

@@ -232,6 +232,8 @@ impl App {
         self.metrics
             .read_rounds
             .observe(rounds.answered.len() as f64);
+        job.commit
+            .ended(false, first_usage(job.dialect, &rounds), None);
         self.remember(&mut job, &rounds).await;
         if rounds.answered.is_empty() {
             // The model answered at once: its response, byte for byte.
@@ -369,6 +371,8 @@ impl App {
             .read_rounds
             .observe(rounds.answered.len() as f64);
         let tail = stitch.finish(&rounds.outputs);
+        job.commit
+            .ended(true, first_usage(job.dialect, &rounds), None);
         // The link of the hidden rounds joins the commit, which goes with the stream's final
         // events: settled when they are handed to the client (A9), as the relay does; a client
         // gone before then (the piece comes back unsent and is dropped) commits nothing.
@@ -400,7 +404,9 @@ impl App {
     async fn answer(&self, job: &mut Job, calls: &[Call]) -> Vec<read::Answer> {
         let mut out = Vec::with_capacity(calls.len());
         for call in calls {
-            let (text, image, outcome) = match read::parse_call(call, &job.tenant) {
+            let request = read::parse_call(call, &job.tenant);
+            let artifact = request.artifact().map(|id| id.to_string());
+            let (text, image, outcome) = match request {
                 read::Request::Invalid(message) => (message, None, "bad_cursor"),
                 read::Request::Page(cursor) => {
                     match self.artifacts.get(&job.tenant, &cursor.artifact).await {
@@ -434,6 +440,9 @@ impl App {
                 .read_calls_total
                 .with_label_values(&[outcome])
                 .inc();
+            if let Some(draft) = job.commit.draft() {
+                draft.read(outcome, artifact);
+            }
             out.push(read::Answer {
                 id: call.id.clone(),
                 text,
@@ -595,14 +604,23 @@ fn next_body(job: &Job, body: &Bytes, rounds: &Rounds, force: bool) -> Option<By
     splice(body, edits).ok()
 }
 
+/// The provider's usage of the first round: the request as sluice forwarded it, which the
+/// inspector's estimate describes (later rounds are the read tool's).
+fn first_usage(dialect: Dialect, rounds: &Rounds) -> Option<crate::dialect::usage::Usage> {
+    crate::dialect::usage::of_value(dialect, rounds.outputs.first()?.usage.as_ref()?)
+}
+
 fn respond(
     status: http::StatusCode,
     headers: HeaderMap,
     bytes: Bytes,
     inflight: InFlight,
-    commit: Commit,
+    mut commit: Commit,
 ) -> Response<Body> {
     drop(inflight);
+    if bytes.len() <= crate::inspect::KEEP_RESPONSE_BYTES {
+        commit.ended(false, None, Some(bytes.clone()));
+    }
     let body = WholeBody::new(bytes, commit);
     let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(body));
     *response.status_mut() = status;

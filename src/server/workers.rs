@@ -57,6 +57,11 @@ pub(super) async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
                 Sessions::Embedded(s) => s.sweep().unwrap_or(0),
                 Sessions::Redis(_) => 0,
             };
+            if let Some(inspector) = &shared.inspector {
+                if let Err(e) = inspector.store.sweep(ttl) {
+                    tracing::warn!(error = %e, "cannot expire turn records");
+                }
+            }
             (files, sessions)
         })
         .await;

@@ -115,6 +115,11 @@ impl RedisStore {
         })
     }
 
+    /// The connection for small records (session state, turn records).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
     fn artifact_key(tenant: &Tenant, id: &ArtifactId) -> String {
         format!("sluice:a:{}:{id}", tenant.namespace())
     }

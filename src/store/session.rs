@@ -143,6 +143,11 @@ impl EmbeddedSessions {
         })
     }
 
+    /// The database, shared with the inspector's turn records.
+    pub fn database(&self) -> Arc<Database> {
+        self.db.clone()
+    }
+
     /// Deletes sessions idle for longer than the TTL (S2). Returns how many.
     pub fn sweep(&self) -> Result<usize, StoreError> {
         let cutoff = now().saturating_sub(self.ttl.as_secs());

@@ -2,6 +2,10 @@
 //! included) and answers in the dialect its path names: JSON or SSE, scripted text or tool
 //! calls, or an injected failure (status, a stream cut mid-way, a stall).
 
+/// The simulated prompt cache (its own file, so the benches that include this one get it too).
+#[path = "prompt_cache.rs"]
+pub mod prompt_cache;
+
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -79,6 +83,8 @@ struct State {
     /// The model's context window: a request whose input and requested output pass it is
     /// refused with the provider's own error (see [`context_rules`]).
     window: Option<u64>,
+    /// The prefixes a simulated prompt cache holds, when it is on ([`MockUpstream::prompt_cache`]).
+    cache: Option<std::collections::HashSet<u64>>,
 }
 
 impl Default for State {
@@ -89,6 +95,7 @@ impl Default for State {
             script: VecDeque::new(),
             encoding: None,
             window: None,
+            cache: None,
         }
     }
 }
@@ -159,6 +166,12 @@ impl MockUpstream {
     /// output pass `window` tokens, as the providers do; `None`: no limit.
     pub fn context_window(&self, window: Option<u64>) {
         self.state.lock().unwrap().window = window;
+    }
+
+    /// Reports usage from a simulated prompt cache ([`prompt_cache`]): input tokens as
+    /// [`reference_tokens`] counts them, cached ones for the longest prefix seen before.
+    pub fn prompt_cache(&self, on: bool) {
+        self.state.lock().unwrap().cache = on.then(Default::default);
     }
 
     /// Lets a [`Reply::Gate`] stream go on.
@@ -385,6 +398,16 @@ async fn respond(
     if let Some(refusal) = window.and_then(|w| context_rules(dialect, &request, w)) {
         return json_response(400, refusal);
     }
+    let counted = state.lock().unwrap().cache.as_mut().map(|seen| {
+        prompt_cache::count(dialect == Dialect::Anthropic, &request, seen, |part| {
+            reference_tokens(dialect, part)
+        })
+    });
+    let name = match dialect {
+        Dialect::Chat => "chat",
+        Dialect::Responses => "responses",
+        Dialect::Anthropic => "anthropic",
+    };
     let reply = reply
         .or_else(|| agent_shell(&request, dialect, &recorded.body))
         .or_else(|| agent_shells(&request, dialect, &recorded.body))
@@ -455,11 +478,18 @@ async fn respond(
         Reply::Text(_) | Reply::ToolCall { .. } | Reply::Parts(_) | Reply::Read { .. }
             if stream =>
         {
-            let events = dialect.events(&model, &content);
+            let mut events = dialect.events(&model, &content);
+            if let Some(counted) = counted {
+                events = counted.onto_events(name, events);
+            }
             sse_response(stream::iter(events.into_iter().map(Ok::<_, BoxError>)))
         }
         Reply::Text(_) | Reply::ToolCall { .. } | Reply::Parts(_) | Reply::Read { .. } => {
-            json_response(200, dialect.json(&model, &content).to_string())
+            let mut body = dialect.json(&model, &content);
+            if let Some(counted) = counted {
+                body = counted.onto_json(name, body);
+            }
+            json_response(200, body.to_string())
         }
     }
 }
@@ -873,7 +903,7 @@ fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Dialect {
     Chat,
     Responses,

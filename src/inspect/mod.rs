@@ -1,0 +1,288 @@
+//! The session inspector (docs/inspector.md): a bounded record of each turn — what the agent
+//! sent, what the model got, what the provider said it cached — for the session API, the page
+//! at `/sluice/ui` and `sluice replay`, with honest savings per turn, per session and per route.
+//!
+//! The request path only fills a [`turn::Draft`] from what its stages already hold; tokens,
+//! chains, costs and the store write happen on the inspector's own thread, behind a bounded
+//! queue, so a record never delays a request (a full queue drops the record, counted).
+
+pub mod chain;
+pub mod store;
+pub mod turn;
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::config::inspector::{InspectorConfig, PriceConfig, Prices};
+use crate::metrics::Metrics;
+use chain::Chain;
+use store::{Chains, Head, TurnStore};
+use turn::{Draft, Prefix, Size};
+
+/// Records waiting for the inspector's thread; past this, new ones are dropped.
+const QUEUE: usize = 1024;
+/// Parts whose tokens are remembered (a session's history is counted once, not per turn).
+const TOKEN_MEMO_ENTRIES: u64 = 200_000;
+/// A response body kept for its usage when it is no larger than this.
+pub const KEEP_RESPONSE_BYTES: usize = 1024 * 1024;
+
+enum Job {
+    Turn(Box<Draft>),
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// The inspector: its store and the queue to its thread.
+pub struct Inspector {
+    pub config: InspectorConfig,
+    pub store: TurnStore,
+    ttl: Duration,
+    queue: SyncSender<Job>,
+    metrics: Arc<Metrics>,
+}
+
+impl Inspector {
+    /// Starts the inspector's thread; its store operations run on `runtime`.
+    pub fn start(
+        config: InspectorConfig,
+        store: TurnStore,
+        ttl: Duration,
+        metrics: Arc<Metrics>,
+        runtime: tokio::runtime::Handle,
+    ) -> std::io::Result<Arc<Inspector>> {
+        let (queue, jobs) = sync_channel(QUEUE);
+        let inspector = Arc::new(Inspector {
+            config,
+            store,
+            ttl,
+            queue,
+            metrics,
+        });
+        let worker = Worker {
+            config: inspector.config.clone(),
+            store: inspector.store.clone(),
+            ttl,
+            metrics: inspector.metrics.clone(),
+            tokens: moka::sync::Cache::new(TOKEN_MEMO_ENTRIES),
+        };
+        std::thread::Builder::new()
+            .name("sluice-inspector".into())
+            .spawn(move || worker.run(jobs, runtime))?;
+        Ok(inspector)
+    }
+
+    /// Hands a finished request's draft to the inspector's thread; never waits.
+    pub fn record(&self, draft: Box<Draft>) {
+        match self.queue.try_send(Job::Turn(draft)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.metrics.inspector_dropped_total.inc();
+            }
+        }
+    }
+
+    /// Waits (up to two seconds) until the records handed over so far are stored, so a page
+    /// that asks right after a turn sees it.
+    pub async fn settled(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.queue.try_send(Job::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), wait).await;
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+/// The inspector's thread: counts, compares chains, writes.
+struct Worker {
+    config: InspectorConfig,
+    store: TurnStore,
+    ttl: Duration,
+    metrics: Arc<Metrics>,
+    /// Tokens per part, by a hash of tokenizer and part.
+    tokens: moka::sync::Cache<u128, u64>,
+}
+
+impl Worker {
+    fn run(self, jobs: Receiver<Job>, runtime: tokio::runtime::Handle) {
+        while let Ok(job) = jobs.recv() {
+            match job {
+                Job::Turn(draft) => {
+                    if let Err(e) = runtime.block_on(self.settle(*draft)) {
+                        self.metrics.inspector_dropped_total.inc();
+                        tracing::warn!(error = %e, "cannot store a turn record");
+                    }
+                }
+                Job::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
+    /// Finishes a draft into a turn and stores it with the session's new head.
+    async fn settle(&self, draft: Draft) -> Result<(), crate::store::StoreError> {
+        let ns = draft.tenant.namespace();
+        let id = draft.session.0.clone();
+        let label = draft.label.clone();
+        let previous = self.store.previous(&ns, &id, self.ttl).await?;
+        let (mut head, chains) = previous.unwrap_or_default();
+        let (turn, now) = self.finish(draft, &chains);
+        let seq = head.turns;
+        if head.turns == 0 {
+            head.first_ms = turn.at_ms;
+        }
+        head.id = id;
+        if !label.is_empty() {
+            head.label = label;
+        }
+        head.turns += 1;
+        head.last_ms = turn.at_ms;
+        head.dialect.clone_from(&turn.dialect);
+        head.route.clone_from(&turn.route);
+        head.model.clone_from(&turn.model);
+        let chains = match now {
+            Some(now) => {
+                add(&mut head.totals, &turn);
+                self.count(&turn);
+                now
+            }
+            None => {
+                head.totals.failed += 1;
+                chains
+            }
+        };
+        self.store
+            .record(
+                &ns,
+                &head,
+                &chains,
+                &turn,
+                seq,
+                self.config.keep_turns.max(1),
+                self.ttl,
+            )
+            .await
+    }
+
+    /// The turn, and for a completed one the chains its successor is compared with.
+    fn finish(&self, draft: Draft, before: &Chains) -> (turn::Turn, Option<Chains>) {
+        let Draft {
+            tokenizer,
+            dialect,
+            mut turn,
+            received,
+            forwarded,
+            results,
+            response,
+            started,
+            ..
+        } = draft;
+        turn.ms.total = started.elapsed().as_secs_f64() * 1e3;
+        let mut count = |part: &str| {
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            h.update(tokenizer.as_str().as_bytes());
+            h.update(part.as_bytes());
+            let key = h.digest128();
+            self.tokens
+                .get_with(key, || chain::part_tokens(tokenizer, part))
+        };
+        let sent = chain::chain(&received, turn.at_ms, &mut count);
+        let shown = chain::chain(&forwarded, turn.at_ms, &mut count);
+        let price = self.config.prices.of(dialect);
+        let fresh = |c: &Chain| (!c.links.is_empty()).then_some(c.clone());
+        let (sent_before, shown_before) = (fresh(&before.received), fresh(&before.forwarded));
+        turn.received = Size {
+            bytes: received.len() as u64,
+            tokens: sent.tokens(),
+        };
+        turn.forwarded = Size {
+            bytes: forwarded.len() as u64,
+            tokens: shown.tokens(),
+        };
+        turn.prefix = Prefix {
+            received_tokens: sent_before.as_ref().map_or(0, |b| sent.shared(b)),
+            forwarded_tokens: shown_before.as_ref().map_or(0, |b| shown.shared(b)),
+        };
+        turn.cost.received = chain::cost(dialect, &price, &sent, sent_before.as_ref()).0;
+        turn.cost.forwarded = chain::cost(dialect, &price, &shown, shown_before.as_ref()).0;
+        turn.results_unlisted = results.len().saturating_sub(turn::MAX_LISTED_RESULTS);
+        turn.results = results
+            .iter()
+            .take(turn::MAX_LISTED_RESULTS)
+            .map(turn::fate)
+            .collect();
+        if turn.usage.is_none() {
+            turn.usage = response
+                .as_deref()
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(|b| crate::dialect::usage::of_json(dialect, b));
+        }
+        let chains = turn.complete.then_some(Chains {
+            received: sent,
+            forwarded: shown,
+        });
+        (turn, chains)
+    }
+
+    /// The savings counters of a completed turn, per route.
+    fn count(&self, turn: &turn::Turn) {
+        let m = &self.metrics;
+        let route = turn.route.as_str();
+        for (side, size, cost) in [
+            ("received", turn.received, turn.cost.received),
+            ("forwarded", turn.forwarded, turn.cost.forwarded),
+        ] {
+            m.input_tokens_total
+                .with_label_values(&[route, side])
+                .inc_by(size.tokens);
+            m.input_cost_tokens_total
+                .with_label_values(&[route, side])
+                .inc_by(cost.max(0.0));
+        }
+        if let Some(u) = turn.usage {
+            for (kind, n) in [
+                ("uncached", u.input),
+                ("cached", u.cached),
+                ("cache_creation", u.cache_creation),
+            ] {
+                m.provider_input_tokens_total
+                    .with_label_values(&[route, kind])
+                    .inc_by(n);
+            }
+        }
+    }
+}
+
+/// A completed turn added to its session's totals.
+fn add(t: &mut store::Totals, turn: &turn::Turn) {
+    t.completed += 1;
+    t.received_tokens += turn.received.tokens;
+    t.forwarded_tokens += turn.forwarded.tokens;
+    t.received_cost += turn.cost.received;
+    t.forwarded_cost += turn.cost.forwarded;
+    if let Some(u) = turn.usage {
+        t.provider_input += u.total_input();
+        t.provider_cached += u.cached;
+        t.provider_output += u.output;
+    }
+    t.spilled = t
+        .spilled
+        .max(turn.results.iter().filter(|r| r.fate == "spilled").count() as u64);
+    t.retired = t.retired.max(turn.context.map_or(0, |c| c.retired as u64));
+    t.images_embedded += turn.images.iter().filter(|i| i.fate == "embedded").count() as u64;
+    t.images_placeholders += turn.images.iter().filter(|i| i.fate != "embedded").count() as u64;
+    t.reads += turn.reads.len() as u64;
+}
+
+/// What the session API serves for a session: its head and its kept turns.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SessionRecord {
+    #[serde(flatten)]
+    pub head: Head,
+    pub turns: Vec<turn::Turn>,
+}

@@ -1,0 +1,438 @@
+//! Where turn records live (docs/inspector.md): beside the session state, in the embedded
+//! database or in Redis, scoped by tenant and expiring with the session's idle TTL (S2, S3).
+//! Per session: a head (label, totals), the chains of its last request, and its last
+//! `keep_turns` turns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redb::{Database, ReadableDatabase, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::chain::Chain;
+use super::turn::Turn;
+use crate::store::StoreError;
+
+/// The most sessions a tenant's list shows (the most recent first).
+pub const MAX_LISTED_SESSIONS: usize = 200;
+/// The most sessions a tenant keeps in Redis' index.
+const MAX_INDEXED_SESSIONS: isize = 1000;
+
+const HEADS: TableDefinition<&str, &[u8]> = TableDefinition::new("inspector_heads");
+const CHAINS: TableDefinition<&str, &[u8]> = TableDefinition::new("inspector_chains");
+const TURNS: TableDefinition<&str, &[u8]> = TableDefinition::new("inspector_turns");
+
+/// A session at a glance.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Head {
+    /// The session's key (a digest; reveals neither tenant nor id).
+    pub id: String,
+    /// The session id the client sent, if it sent one.
+    pub label: String,
+    pub first_ms: u64,
+    pub last_ms: u64,
+    /// Turns recorded (the oldest beyond `keep_turns` are no longer kept).
+    pub turns: u64,
+    pub dialect: String,
+    pub route: String,
+    pub model: String,
+    pub totals: Totals,
+}
+
+/// A session's sums over its completed turns.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Totals {
+    pub completed: u64,
+    pub failed: u64,
+    pub received_tokens: u64,
+    pub forwarded_tokens: u64,
+    pub received_cost: f64,
+    pub forwarded_cost: f64,
+    /// What the provider reported.
+    pub provider_input: u64,
+    pub provider_cached: u64,
+    pub provider_output: u64,
+    pub spilled: u64,
+    pub retired: u64,
+    pub images_embedded: u64,
+    pub images_placeholders: u64,
+    pub reads: u64,
+}
+
+/// The chains of a session's last completed request, as sent and as forwarded.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Chains {
+    pub received: Chain,
+    pub forwarded: Chain,
+}
+
+fn io(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(std::io::Error::other(e.to_string()))
+}
+
+fn now_ms() -> u64 {
+    crate::store::session::stamp()
+}
+
+/// The backend of the turn records.
+#[derive(Clone)]
+pub enum TurnStore {
+    Embedded(Arc<Database>),
+    Redis(redis::aio::ConnectionManager),
+}
+
+impl TurnStore {
+    /// Creates the embedded tables when they are new.
+    pub fn embedded(db: Arc<Database>) -> Result<TurnStore, StoreError> {
+        let txn = db.begin_write().map_err(io)?;
+        txn.open_table(HEADS).map_err(io)?;
+        txn.open_table(CHAINS).map_err(io)?;
+        txn.open_table(TURNS).map_err(io)?;
+        txn.commit().map_err(io)?;
+        Ok(TurnStore::Embedded(db))
+    }
+
+    /// The session's head and chains, when it has a record within `ttl`.
+    pub async fn previous(
+        &self,
+        ns: &str,
+        id: &str,
+        ttl: Duration,
+    ) -> Result<Option<(Head, Chains)>, StoreError> {
+        let (head, chains) = match self {
+            TurnStore::Embedded(db) => {
+                let txn = db.begin_read().map_err(io)?;
+                let key = format!("{ns}/{id}");
+                let head = txn
+                    .open_table(HEADS)
+                    .map_err(io)?
+                    .get(key.as_str())
+                    .map_err(io)?;
+                let chains = txn
+                    .open_table(CHAINS)
+                    .map_err(io)?
+                    .get(key.as_str())
+                    .map_err(io)?;
+                (
+                    head.and_then(|v| serde_json::from_slice::<Head>(v.value()).ok()),
+                    chains.and_then(|v| serde_json::from_slice::<Chains>(v.value()).ok()),
+                )
+            }
+            TurnStore::Redis(conn) => {
+                let mut conn = conn.clone();
+                let (head, chains): (Option<String>, Option<String>) = redis::cmd("MGET")
+                    .arg(redis_key(ns, id, "head"))
+                    .arg(redis_key(ns, id, "chains"))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(io)?;
+                (
+                    head.and_then(|v| serde_json::from_str(&v).ok()),
+                    chains.and_then(|v| serde_json::from_str(&v).ok()),
+                )
+            }
+        };
+        let live = |h: &Head| now_ms().saturating_sub(h.last_ms) <= ttl.as_millis() as u64;
+        Ok(head.filter(live).map(|h| (h, chains.unwrap_or_default())))
+    }
+
+    /// Writes turn number `seq` with the session's new head and chains; keeps the last `keep`
+    /// turns.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record(
+        &self,
+        ns: &str,
+        head: &Head,
+        chains: &Chains,
+        turn: &Turn,
+        seq: u64,
+        keep: u64,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let (head_json, chains_json, turn_json) = (
+            serde_json::to_vec(head).map_err(io)?,
+            serde_json::to_vec(chains).map_err(io)?,
+            serde_json::to_vec(turn).map_err(io)?,
+        );
+        let id = &head.id;
+        match self {
+            TurnStore::Embedded(db) => {
+                let txn = db.begin_write().map_err(io)?;
+                {
+                    let key = format!("{ns}/{id}");
+                    txn.open_table(HEADS)
+                        .map_err(io)?
+                        .insert(key.as_str(), head_json.as_slice())
+                        .map_err(io)?;
+                    txn.open_table(CHAINS)
+                        .map_err(io)?
+                        .insert(key.as_str(), chains_json.as_slice())
+                        .map_err(io)?;
+                    let mut turns = txn.open_table(TURNS).map_err(io)?;
+                    turns
+                        .insert(turn_key(ns, id, seq).as_str(), turn_json.as_slice())
+                        .map_err(io)?;
+                    if seq >= keep {
+                        let old = turn_key(ns, id, seq - keep);
+                        let first = turn_key(ns, id, 0);
+                        turns
+                            .retain_in(first.as_str()..=old.as_str(), |_, _| false)
+                            .map_err(io)?;
+                    }
+                }
+                txn.commit().map_err(io)
+            }
+            TurnStore::Redis(conn) => {
+                let mut conn = conn.clone();
+                let ttl = ttl.as_secs().max(1);
+                let index = format!("sluice:i:{ns}:sessions");
+                let turns = redis_key(ns, id, "turns");
+                let cutoff = now_ms().saturating_sub(ttl.saturating_mul(1000));
+                redis::pipe()
+                    .atomic()
+                    .cmd("SET")
+                    .arg(redis_key(ns, id, "head"))
+                    .arg(head_json)
+                    .arg("EX")
+                    .arg(ttl)
+                    .ignore()
+                    .cmd("SET")
+                    .arg(redis_key(ns, id, "chains"))
+                    .arg(chains_json)
+                    .arg("EX")
+                    .arg(ttl)
+                    .ignore()
+                    .cmd("RPUSH")
+                    .arg(&turns)
+                    .arg(turn_json)
+                    .ignore()
+                    .cmd("LTRIM")
+                    .arg(&turns)
+                    .arg(-(keep.max(1) as i64))
+                    .arg(-1)
+                    .ignore()
+                    .cmd("EXPIRE")
+                    .arg(&turns)
+                    .arg(ttl)
+                    .ignore()
+                    .cmd("ZADD")
+                    .arg(&index)
+                    .arg(head.last_ms)
+                    .arg(id)
+                    .ignore()
+                    .cmd("ZREMRANGEBYSCORE")
+                    .arg(&index)
+                    .arg("-inf")
+                    .arg(cutoff)
+                    .ignore()
+                    .cmd("ZREMRANGEBYRANK")
+                    .arg(&index)
+                    .arg(0)
+                    .arg(-(MAX_INDEXED_SESSIONS + 1))
+                    .ignore()
+                    .cmd("EXPIRE")
+                    .arg(&index)
+                    .arg(ttl)
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(io)
+            }
+        }
+    }
+
+    /// The tenant's sessions seen within `ttl`, the most recent first.
+    pub async fn list(&self, ns: &str, ttl: Duration) -> Result<Vec<Head>, StoreError> {
+        let mut heads: Vec<Head> = match self {
+            TurnStore::Embedded(db) => {
+                let db = db.clone();
+                let (from, to) = (format!("{ns}/"), format!("{ns}0"));
+                blocking(move || {
+                    let txn = db.begin_read().map_err(io)?;
+                    let table = txn.open_table(HEADS).map_err(io)?;
+                    let mut heads = Vec::new();
+                    for entry in table.range(from.as_str()..to.as_str()).map_err(io)? {
+                        let (_, v) = entry.map_err(io)?;
+                        heads.extend(serde_json::from_slice::<Head>(v.value()).ok());
+                    }
+                    Ok(heads)
+                })
+                .await?
+            }
+            TurnStore::Redis(conn) => {
+                let mut conn = conn.clone();
+                let ids: Vec<String> = redis::cmd("ZREVRANGE")
+                    .arg(format!("sluice:i:{ns}:sessions"))
+                    .arg(0)
+                    .arg(MAX_LISTED_SESSIONS as isize - 1)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(io)?;
+                if ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut mget = redis::cmd("MGET");
+                for id in &ids {
+                    mget.arg(redis_key(ns, id, "head"));
+                }
+                let found: Vec<Option<String>> = mget.query_async(&mut conn).await.map_err(io)?;
+                found
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| serde_json::from_str(&v).ok())
+                    .collect()
+            }
+        };
+        let cutoff = now_ms().saturating_sub(ttl.as_millis() as u64);
+        heads.retain(|h| h.last_ms >= cutoff);
+        heads.sort_by_key(|h| std::cmp::Reverse(h.last_ms));
+        heads.truncate(MAX_LISTED_SESSIONS);
+        Ok(heads)
+    }
+
+    /// One session of the tenant: its head and kept turns, oldest first.
+    pub async fn session(
+        &self,
+        ns: &str,
+        id: &str,
+        ttl: Duration,
+    ) -> Result<Option<(Head, Vec<Turn>)>, StoreError> {
+        let Some((head, _)) = self.previous(ns, id, ttl).await? else {
+            return Ok(None);
+        };
+        let turns: Vec<Turn> = match self {
+            TurnStore::Embedded(db) => {
+                let db = db.clone();
+                let (from, to) = (format!("{ns}/{id}/"), format!("{ns}/{id}0"));
+                blocking(move || {
+                    let txn = db.begin_read().map_err(io)?;
+                    let table = txn.open_table(TURNS).map_err(io)?;
+                    let mut turns = Vec::new();
+                    for entry in table.range(from.as_str()..to.as_str()).map_err(io)? {
+                        let (_, v) = entry.map_err(io)?;
+                        turns.extend(serde_json::from_slice::<Turn>(v.value()).ok());
+                    }
+                    Ok(turns)
+                })
+                .await?
+            }
+            TurnStore::Redis(conn) => {
+                let mut conn = conn.clone();
+                let raw: Vec<String> = redis::cmd("LRANGE")
+                    .arg(redis_key(ns, id, "turns"))
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(io)?;
+                raw.iter()
+                    .filter_map(|v| serde_json::from_str(v).ok())
+                    .collect()
+            }
+        };
+        Ok(Some((head, turns)))
+    }
+
+    /// Deletes the embedded records of sessions idle past `ttl` (Redis expires its own).
+    pub fn sweep(&self, ttl: Duration) -> Result<usize, StoreError> {
+        let TurnStore::Embedded(db) = self else {
+            return Ok(0);
+        };
+        let cutoff = now_ms().saturating_sub(ttl.as_millis() as u64);
+        let txn = db.begin_write().map_err(io)?;
+        let mut gone = Vec::new();
+        {
+            let mut heads = txn.open_table(HEADS).map_err(io)?;
+            heads
+                .retain(|key, v| {
+                    let live = serde_json::from_slice::<Head>(v).is_ok_and(|h| h.last_ms >= cutoff);
+                    if !live {
+                        gone.push(key.to_owned());
+                    }
+                    live
+                })
+                .map_err(io)?;
+            let mut chains = txn.open_table(CHAINS).map_err(io)?;
+            let mut turns = txn.open_table(TURNS).map_err(io)?;
+            for key in &gone {
+                chains.remove(key.as_str()).map_err(io)?;
+                let (from, to) = (format!("{key}/"), format!("{key}0"));
+                turns
+                    .retain_in(from.as_str()..to.as_str(), |_, _| false)
+                    .map_err(io)?;
+            }
+        }
+        txn.commit().map_err(io)?;
+        Ok(gone.len())
+    }
+}
+
+fn redis_key(ns: &str, id: &str, what: &str) -> String {
+    format!("sluice:i:{ns}:{id}:{what}")
+}
+
+/// Turn keys sort in recording order: the sequence number is zero-padded.
+fn turn_key(ns: &str, id: &str, seq: u64) -> String {
+    format!("{ns}/{id}/{seq:020}")
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| StoreError::Task)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(id: &str, turns: u64) -> Head {
+        Head {
+            id: id.into(),
+            last_ms: now_ms(),
+            turns,
+            ..Head::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn turns_are_kept_per_session_bounded_and_tenant_scoped() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::create(dir.path().join("s.redb")).unwrap());
+        let store = TurnStore::embedded(db).unwrap();
+        let ttl = Duration::from_secs(60);
+        for n in 0..5u64 {
+            let turn = Turn {
+                request_id: format!("r{n}"),
+                ..Turn::default()
+            };
+            store
+                .record(
+                    "aa",
+                    &head("s1", n + 1),
+                    &Chains::default(),
+                    &turn,
+                    n,
+                    3,
+                    ttl,
+                )
+                .await
+                .unwrap();
+        }
+        let (h, turns) = store.session("aa", "s1", ttl).await.unwrap().unwrap();
+        assert_eq!(h.turns, 5);
+        let ids: Vec<_> = turns.iter().map(|t| t.request_id.as_str()).collect();
+        assert_eq!(ids, ["r2", "r3", "r4"]);
+        assert!(store.session("bb", "s1", ttl).await.unwrap().is_none());
+        assert_eq!(store.list("aa", ttl).await.unwrap().len(), 1);
+        assert!(store.list("bb", ttl).await.unwrap().is_empty());
+        // Idle past the TTL: gone from the list, and swept.
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(store.sweep(Duration::from_millis(1)).unwrap(), 1);
+        assert!(store.session("aa", "s1", ttl).await.unwrap().is_none());
+    }
+}
