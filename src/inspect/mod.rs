@@ -279,10 +279,9 @@ fn add(t: &mut store::Totals, turn: &turn::Turn) {
     t.reads += turn.reads.len() as u64;
 }
 
-/// What the session API serves for a session: its head and its kept turns.
+/// What the session API serves for a session: its head and its kept turns, oldest first.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SessionRecord {
-    #[serde(flatten)]
-    pub head: Head,
+    pub session: Head,
     pub turns: Vec<turn::Turn>,
 }

@@ -84,8 +84,11 @@ impl App {
                     .await
                     .map_err(store_error)?
                     .ok_or_else(|| GatewayError::NotFound(path.to_string()))?;
-                serde_json::to_string(&SessionRecord { head, turns })
-                    .map_err(|_| GatewayError::Internal)?
+                serde_json::to_string(&SessionRecord {
+                    session: head,
+                    turns,
+                })
+                .map_err(|_| GatewayError::Internal)?
             }
             None => return Err(GatewayError::NotFound(path.to_string())),
         };

@@ -1,0 +1,356 @@
+//! The inspector's page in a real browser (docs/inspector.md, SPEC 9.1 `GET /sluice/ui`):
+//! headless Chromium driven over WebDriver by Debian's chromedriver. A scripted session goes
+//! through sluice — a spilled output read on in a hidden round, a `once` and a `recent` image,
+//! the hidden round spliced back on the next turn — then the page is opened, the key entered,
+//! the session picked: the turn view shows each of them, the thumbnails load, the savings panel
+//! matches the API. A screenshot is saved as `target/inspector-ui.png`. Another tenant's key
+//! shows no session.
+//!
+//! Ignored by default (it needs `chromium` and `chromium-driver`); `.ci/run` installs both and
+//! runs it: `cargo test --test ui -- --ignored`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::mock::Reply;
+use common::{b64, client, config_for, get_as, picture, tool_output, MockUpstream, Sluice};
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-ui-tenant";
+const SESSION: &str = "ui-session";
+
+/// A chromedriver on a free port, and a headless Chromium session on it.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut driver = Command::new(std::env::var("CHROMEDRIVER").unwrap_or("chromedriver".into()))
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (apt-get install chromium chromium-driver)");
+        let base = format!("http://127.0.0.1:{port}");
+        let chromium = std::env::var("CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+        let capabilities = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium, "args": ["--headless=new", "--no-sandbox",
+                "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,2200"]}}}});
+        for _ in 0..100 {
+            if let Ok(r) = client()
+                .post(format!("{base}/session"))
+                .json(&capabilities)
+                .send()
+                .await
+            {
+                let v: Value = r.json().await.unwrap();
+                let session = v["value"]["sessionId"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no session: {v}"));
+                return Browser {
+                    driver,
+                    base,
+                    session: session.to_string(),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = driver.kill();
+        let _ = driver.wait();
+        panic!("chromedriver did not start");
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let request = client().request(method, url);
+        let request = if body.is_null() {
+            request
+        } else {
+            request.json(&body)
+        };
+        let response = request.send().await.unwrap();
+        let v: Value = response.json().await.unwrap();
+        assert!(v["value"]["error"].is_null(), "{path}: {v}");
+        v["value"].clone()
+    }
+
+    async fn open(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", json!({"url": url}))
+            .await;
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
+    async fn element(&self, css: &str) -> String {
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        v.as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn click(&self, css: &str) {
+        let id = self.element(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            json!({}),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let id = self.element(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/value"),
+            json!({"text": text}),
+        )
+        .await;
+    }
+
+    /// Waits until `script` returns a truthy value, and returns it.
+    async fn until(&self, script: &str, what: &str) -> Value {
+        for _ in 0..200 {
+            let v = self.js(script).await;
+            if !(v.is_null() || v == json!(false) || v == json!(0) || v == json!("")) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let status = self
+            .js("return document.querySelector('#status').textContent")
+            .await;
+        panic!("the page never showed {what} (status: {status})");
+    }
+
+    async fn screenshot(&self, path: &std::path::Path) {
+        let png = self
+            .call(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let bytes = base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD,
+            png.as_str().unwrap(),
+        )
+        .unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+async fn send(sluice: &Sluice, body: &Value) -> Value {
+    let response = client()
+        .post(sluice.url("/v1/messages"))
+        .bearer_auth(KEY)
+        .header("x-sluice-session", SESSION)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response.json().await.unwrap()
+}
+
+fn image_block(w: u32, h: u32) -> Value {
+    json!({"type": "image", "source": {"type": "base64", "media_type": "image/png",
+        "data": b64(&picture(w, h, image::ImageFormat::Png))}})
+}
+
+/// Three turns of an Anthropic agent: a long build log (read on in a hidden round), then a
+/// screenshot (`recent`) and an image viewer's picture (`once`), then a short output.
+async fn scripted_session(sluice: &Sluice, mock: &MockUpstream) {
+    let call = |id: &str, name: &str| {
+        json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": id, "name": name, "input": {}}]})
+    };
+    let mut messages = vec![
+        json!({"role": "user", "content": "Build it and look at the page."}),
+        call("toolu_1", "bash"),
+    ];
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": tool_output(150_000)}]}));
+    let body = |messages: &Vec<Value>| {
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 1024,
+        "tools": [{"name": "bash", "input_schema": {"type": "object"}},
+                  {"name": "browser_take_screenshot", "input_schema": {"type": "object"}},
+                  {"name": "view_image", "input_schema": {"type": "object"}}],
+        "messages": messages})
+    };
+    mock.script([
+        Reply::Read {
+            before: Some("Reading on. ".into()),
+            also: None,
+            answer: String::new(),
+        },
+        Reply::Text("The build passed.".into()),
+    ]);
+    let answer = send(sluice, &body(&messages)).await;
+    messages.push(json!({"role": "assistant", "content": answer["content"]}));
+    messages.push(json!({"role": "user", "content": "Now the page."}));
+    messages.push(json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_2", "name": "browser_take_screenshot", "input": {}},
+        {"type": "tool_use", "id": "toolu_3", "name": "view_image", "input": {}}]}));
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": [image_block(320, 200)]},
+        {"type": "tool_result", "tool_use_id": "toolu_3", "content": [image_block(64, 48)]}]}));
+    send(sluice, &body(&messages)).await;
+    messages.push(call("toolu_4", "bash"));
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_4", "content": "ok"}]}));
+    send(sluice, &body(&messages)).await;
+}
+
+#[tokio::test]
+#[ignore = "needs chromium and chromium-driver; .ci/run runs it"]
+async fn the_page_shows_a_sessions_turns_images_reads_and_savings() {
+    let mock = MockUpstream::start();
+    mock.prompt_cache(true);
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "[inspector]\nenabled = true\n",
+    ));
+    scripted_session(&sluice, &mock).await;
+    let list: Value = get_as(&sluice, "/v1/sluice/sessions", KEY)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let head = list["sessions"][0].clone();
+    assert_eq!(head["label"], SESSION);
+    let id = head["id"].as_str().unwrap().to_string();
+
+    let browser = Browser::start().await;
+    browser.open(&sluice.url("/sluice/ui")).await;
+    browser.type_into("#key", KEY).await;
+    browser.click("#key-form button[type=submit]").await;
+    let row = format!("#sessions tbody button[data-session='{id}']");
+    browser
+        .until(
+            &format!("return document.querySelector(\"{row}\")?.textContent"),
+            "the session",
+        )
+        .await;
+    browser.click(&row).await;
+    browser
+        .until(
+            "return document.querySelectorAll('#turns > li').length === 3",
+            "three turns",
+        )
+        .await;
+    // The turn view: the spilled result, the hidden read round and its splice, both images.
+    let shown = browser
+        .js(r#"
+        const turns = [...document.querySelectorAll('#turns > li')];
+        return turns.map(t => ({
+          fates: [...t.querySelectorAll('[data-result]')].map(r => r.dataset.fate),
+          images: [...t.querySelectorAll('figure')].map(f => f.dataset.fate),
+          reads: Number(t.querySelector('[data-reads]')?.dataset.reads || 0),
+          hidden: Number(t.querySelector('[data-hidden]')?.dataset.hidden || 0),
+        }));"#)
+        .await;
+    assert_eq!(shown[0]["fates"], json!(["spilled"]), "{shown}");
+    assert_eq!(shown[0]["reads"], 1, "{shown}");
+    assert!(shown[1]["hidden"].as_u64().unwrap() > 0, "{shown}");
+    assert_eq!(
+        shown[1]["images"],
+        json!(["embedded", "embedded"]),
+        "{shown}"
+    );
+    assert_eq!(
+        shown[2]["images"],
+        json!(["embedded", "placeholder"]),
+        "{shown}"
+    );
+    // The page of the spilled result opens with its notice.
+    browser
+        .click("#turns > li:first-child [data-fate=spilled] div:last-child details summary")
+        .await;
+    let page = browser
+        .until("return document.querySelector('#turns > li:first-child [data-fate=spilled] div:last-child pre')?.textContent.includes('full text: artifact://') && document.querySelector('#turns > li:first-child [data-fate=spilled] div:last-child pre').textContent", "the page")
+        .await;
+    let first_line = tool_output(150_000).lines().next().unwrap().to_string();
+    assert!(page.as_str().unwrap().starts_with(&first_line), "{page}");
+    // Every thumbnail loads.
+    let loaded = browser
+        .until("const i = [...document.querySelectorAll('figure img')]; return i.length === 4 && i.every(x => x.complete && x.naturalWidth > 0) && i.map(x => x.naturalWidth)", "the thumbnails")
+        .await;
+    assert_eq!(loaded, json!([320, 64, 320, 64]));
+    // The savings panel shows the API's numbers.
+    let record: Value = get_as(&sluice, &format!("/v1/sluice/sessions/{id}"), KEY)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let totals = &record["session"]["totals"];
+    let panel = browser.js("return Object.fromEntries([...document.querySelectorAll('#savings dd')].map(d => [d.dataset.key, d.dataset.value]))").await;
+    for key in [
+        "received_tokens",
+        "forwarded_tokens",
+        "received_cost",
+        "forwarded_cost",
+        "provider_cached",
+        "spilled",
+        "reads",
+    ] {
+        let shown: f64 = panel[key].as_str().unwrap().parse().unwrap();
+        assert!(
+            (shown - totals[key].as_f64().unwrap()).abs() < 1e-6,
+            "{key}: {panel} vs {totals}"
+        );
+    }
+    assert!(totals["forwarded_tokens"].as_u64() < totals["received_tokens"].as_u64());
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inspector-ui.png");
+    browser.screenshot(&target).await;
+    println!("screenshot: {}", target.display());
+
+    // Another tenant's key: no session.
+    browser.js("sessionStorage.clear()").await;
+    browser.open(&sluice.url("/sluice/ui")).await;
+    browser.type_into("#key", "sk-another-tenant").await;
+    browser.click("#key-form button[type=submit]").await;
+    browser
+        .until(
+            "return document.querySelector('#status').textContent.includes('No sessions')",
+            "no sessions",
+        )
+        .await;
+    let rows = browser
+        .js("return document.querySelectorAll('#sessions tbody tr').length")
+        .await;
+    assert_eq!(rows, 0);
+}
