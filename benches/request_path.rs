@@ -14,6 +14,8 @@
 //!   window far above it (not engaged: its bytes cannot reach the trigger), and on with a window
 //!   it could reach (engaged: counted, below the trigger, nothing retired).
 //!
+//! - `inspector`: a small and the 200 KB agent request with the inspector off and on.
+//!
 //! Run: `cargo bench --bench request_path`. Figures are ratios to the baselines of the same run.
 
 #![allow(clippy::unwrap_used)] // benchmark code: fail loudly
@@ -392,5 +394,43 @@ fn context(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, view, images, round_trip, first_byte, context);
+/// Turn records (docs/inspector.md): the same requests through sluice with the inspector off
+/// and on. On, each response's end hands a draft to the inspector's thread, which counts,
+/// compares and writes it off the request path.
+fn inspector(c: &mut Criterion) {
+    let upstream = mock::MockUpstream::start();
+    upstream.record(false);
+    let runtime = client_runtime();
+    let client = reqwest::Client::new();
+    let data = tempfile::tempdir().unwrap();
+    let mut group = c.benchmark_group("inspector");
+    for (name, enabled) in [("off", false), ("on", true)] {
+        let sluice = Running::start(&runtime, &upstream.base_url(), |config| {
+            config.inspector.enabled = enabled;
+            config.store.data_dir = data.path().join(name);
+        });
+        let url = format!("{}/v1/chat/completions", sluice.url);
+        for (case, body) in [
+            ("small", small_chat()),
+            ("agent_200k_30_turns", agent_chat(30, 6_500)),
+        ] {
+            group.bench_function(BenchmarkId::new(name, case), |b| {
+                b.to_async(&runtime).iter(|| async {
+                    let resp = client
+                        .post(&url)
+                        .header("x-sluice-session", case)
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .unwrap();
+                    black_box(resp.bytes().await.unwrap());
+                })
+            });
+        }
+        sluice.stop(&runtime);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, view, images, round_trip, first_byte, context, inspector);
 criterion_main!(benches);

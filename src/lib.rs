@@ -20,6 +20,7 @@
 //! - [`encoding`]: content codings sluice decodes (compressed request and response bodies).
 //! - [`error`]: sluice's own errors and their dialect-shaped bodies.
 //! - [`metrics`]: every Prometheus metric.
+//! - [`replay`]: `sluice replay`, recorded requests through a throwaway sluice.
 //! - [`inspect`]: turn records, savings, the session API's data (docs/inspector.md).
 //! - Leaves: [`tenant`] (who calls, as a fingerprint of the credential), [`image`] (checks,
 //!   downscaling), [`json`] (panic-free edits of untrusted JSON), [`tokens`] (token estimates).
@@ -37,6 +38,7 @@ pub mod memo;
 pub mod metrics;
 pub mod projection;
 pub mod read;
+pub mod replay;
 pub mod route;
 pub mod server;
 pub mod store;

@@ -36,6 +36,18 @@ enum Command {
         #[arg(long, env = "SLUICE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Replay recorded requests (one JSON object per line: path, session, headers, body)
+    /// through sluice with a throwaway store, each as if its response succeeded, and print
+    /// what sluice saved per turn and in total.
+    Replay {
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+        /// The recorded requests.
+        trace: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +63,11 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Replay {
+            config,
+            trace,
+            json,
+        } => replay(config, &trace, json),
         Command::Serve { config } => {
             init_logging();
             let config = match Config::load(config.as_deref()) {
@@ -71,6 +88,47 @@ fn main() -> ExitCode {
                 }
             };
             runtime.block_on(serve(config))
+        }
+    }
+}
+
+/// `sluice replay`: the report on stdout, a progress bar on a terminal's stderr.
+fn replay(config: Option<PathBuf>, trace: &std::path::Path, json: bool) -> ExitCode {
+    let config = match Config::load(config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("sluice: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sluice::replay::run(config, trace, !json)) {
+        Ok(report) if json => match serde_json::to_string_pretty(&report) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(report) => {
+            print!("{}", sluice::replay::render(&report));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice replay: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -455,3 +455,68 @@ async fn retired_results_are_shared_by_replicas() {
     let total = metric(&a.metrics().await, name) + metric(&b.metrics().await, name);
     assert_eq!(total as usize, previous_retired);
 }
+
+/// The inspector on Redis (docs/inspector.md): turns recorded by two replicas land in one
+/// session record, listed for its tenant only, with a bounded number of turns.
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn turn_records_of_one_session_are_shared_by_replicas() {
+    let mock = MockUpstream::start();
+    let inspected = config(&mock, REDIS).replace(
+        "[store]",
+        "[inspector]\nenabled = true\nkeep_turns = 4\n\n[store]",
+    );
+    let (a, b) = (Sluice::start(&inspected), Sluice::start(&inspected));
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let session = uuid::Uuid::new_v4().to_string();
+    for turn in 1..=6 {
+        let sluice = if turn % 2 == 1 { &a } else { &b };
+        let response = client()
+            .post(sluice.url("/v1/messages"))
+            .header("x-api-key", &key)
+            .header("x-sluice-session", &session)
+            .json(&turns(turn))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response.bytes().await.unwrap();
+        // A session's next turn comes after its record was written (the agent reads the
+        // answer first); across replicas nothing orders them otherwise.
+        common::get_as(sluice, "/v1/sluice/sessions", &key).await;
+    }
+    for sluice in [&a, &b] {
+        let list: Value = common::get_as(sluice, "/v1/sluice/sessions", &key)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let head = &list["sessions"][0];
+        assert_eq!(head["label"], session.as_str(), "{list}");
+        assert_eq!(head["turns"], 6, "{list}");
+        assert!(
+            head["totals"]["images_embedded"].as_u64().unwrap() > 0,
+            "{list}"
+        );
+        let id = head["id"].as_str().unwrap();
+        let record: Value = common::get_as(sluice, &format!("/v1/sluice/sessions/{id}"), &key)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let kept: Vec<u64> = record["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["images"].as_array().unwrap().len() as u64)
+            .collect();
+        // The last four turns, oldest first: turn N holds N images.
+        assert_eq!(kept, [3, 4, 5, 6], "{record}");
+        let other: Value = common::get_as(sluice, "/v1/sluice/sessions", "sk-other")
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert!(!other.to_string().contains(id), "{other}");
+    }
+}

@@ -37,12 +37,13 @@ impl Browser {
             .local_addr()
             .unwrap()
             .port();
-        let mut driver = Command::new(std::env::var("CHROMEDRIVER").unwrap_or("chromedriver".into()))
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver (apt-get install chromium chromium-driver)");
+        let mut driver =
+            Command::new(std::env::var("CHROMEDRIVER").unwrap_or("chromedriver".into()))
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("chromedriver (apt-get install chromium chromium-driver)");
         let base = format!("http://127.0.0.1:{port}");
         let chromium = std::env::var("CHROMIUM").unwrap_or("/usr/bin/chromium".into());
         let capabilities = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome",

@@ -10,7 +10,7 @@ pub mod chain;
 pub mod store;
 pub mod turn;
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,9 @@ use turn::{Draft, Prefix, Size};
 const QUEUE: usize = 1024;
 /// Parts whose tokens are remembered (a session's history is counted once, not per turn).
 const TOKEN_MEMO_ENTRIES: u64 = 200_000;
+/// Embedded turn records are made durable at least this often (a crash loses at most the
+/// records of the last second; they are observability, not delivery state).
+const SYNC_EVERY: Duration = Duration::from_secs(1);
 /// A response body kept for its usage when it is no larger than this.
 pub const KEEP_RESPONSE_BYTES: usize = 1024 * 1024;
 
@@ -108,13 +111,36 @@ struct Worker {
 }
 
 impl Worker {
+    /// Records turns as they come. An embedded write is fsync'd at most once a second: the
+    /// records of a burst share one, and a quiet second makes the last ones durable.
     fn run(self, jobs: Receiver<Job>, runtime: tokio::runtime::Handle) {
-        while let Ok(job) = jobs.recv() {
+        let mut synced = std::time::Instant::now();
+        let mut dirty = false;
+        loop {
+            let job = match jobs.recv_timeout(SYNC_EVERY) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    if dirty && self.store.persist().is_ok() {
+                        dirty = false;
+                        synced = std::time::Instant::now();
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
             match job {
                 Job::Turn(draft) => {
-                    if let Err(e) = runtime.block_on(self.settle(*draft)) {
-                        self.metrics.inspector_dropped_total.inc();
-                        tracing::warn!(error = %e, "cannot store a turn record");
+                    let durable = synced.elapsed() >= SYNC_EVERY;
+                    match runtime.block_on(self.settle(*draft, durable)) {
+                        Ok(()) if durable => {
+                            dirty = false;
+                            synced = std::time::Instant::now();
+                        }
+                        Ok(()) => dirty = true,
+                        Err(e) => {
+                            self.metrics.inspector_dropped_total.inc();
+                            tracing::warn!(error = %e, "cannot store a turn record");
+                        }
                     }
                 }
                 Job::Flush(done) => {
@@ -122,10 +148,13 @@ impl Worker {
                 }
             }
         }
+        if dirty {
+            let _ = self.store.persist();
+        }
     }
 
     /// Finishes a draft into a turn and stores it with the session's new head.
-    async fn settle(&self, draft: Draft) -> Result<(), crate::store::StoreError> {
+    async fn settle(&self, draft: Draft, durable: bool) -> Result<(), crate::store::StoreError> {
         let ns = draft.tenant.namespace();
         let id = draft.session.0.clone();
         let label = draft.label.clone();
@@ -165,6 +194,7 @@ impl Worker {
                 seq,
                 self.config.keep_turns.max(1),
                 self.ttl,
+                durable,
             )
             .await
     }

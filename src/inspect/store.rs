@@ -139,7 +139,8 @@ impl TurnStore {
     }
 
     /// Writes turn number `seq` with the session's new head and chains; keeps the last `keep`
-    /// turns.
+    /// turns. An embedded write that is not `durable` skips its fsync: the next durable one
+    /// (a session commit, or [`TurnStore::persist`]) makes it durable.
     #[allow(clippy::too_many_arguments)]
     pub async fn record(
         &self,
@@ -150,6 +151,7 @@ impl TurnStore {
         seq: u64,
         keep: u64,
         ttl: Duration,
+        durable: bool,
     ) -> Result<(), StoreError> {
         let (head_json, chains_json, turn_json) = (
             serde_json::to_vec(head).map_err(io)?,
@@ -159,7 +161,10 @@ impl TurnStore {
         let id = &head.id;
         match self {
             TurnStore::Embedded(db) => {
-                let txn = db.begin_write().map_err(io)?;
+                let mut txn = db.begin_write().map_err(io)?;
+                if !durable {
+                    txn.set_durability(redb::Durability::None).map_err(io)?;
+                }
                 {
                     let key = format!("{ns}/{id}");
                     txn.open_table(HEADS)
@@ -241,6 +246,14 @@ impl TurnStore {
                     .map_err(io)
             }
         }
+    }
+
+    /// Makes the embedded records written without an fsync durable.
+    pub fn persist(&self) -> Result<(), StoreError> {
+        if let TurnStore::Embedded(db) = self {
+            db.begin_write().map_err(io)?.commit().map_err(io)?;
+        }
+        Ok(())
     }
 
     /// The tenant's sessions seen within `ttl`, the most recent first.
@@ -419,10 +432,12 @@ mod tests {
                     n,
                     3,
                     ttl,
+                    n % 2 == 0,
                 )
                 .await
                 .unwrap();
         }
+        store.persist().unwrap();
         let (h, turns) = store.session("aa", "s1", ttl).await.unwrap().unwrap();
         assert_eq!(h.turns, 5);
         let ids: Vec<_> = turns.iter().map(|t| t.request_id.as_str()).collect();
