@@ -171,6 +171,7 @@ fn client_runtime() -> tokio::runtime::Runtime {
 /// An in-process sluice whose routes all go to `upstream`.
 struct Running {
     url: String,
+    metrics: std::sync::Arc<sluice::metrics::Metrics>,
     stop: tokio::sync::oneshot::Sender<()>,
     serving: tokio::task::JoinHandle<()>,
 }
@@ -193,11 +194,17 @@ impl Running {
         tweak(&mut config);
         let server = runtime.block_on(Server::bind(config)).unwrap();
         let url = format!("http://{}", server.proxy_addr().unwrap());
+        let metrics = server.metrics();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = runtime.spawn(server.run(async move {
             let _ = stopped.await;
         }));
-        Running { url, stop, serving }
+        Running {
+            url,
+            metrics,
+            stop,
+            serving,
+        }
     }
 
     fn stop(self, runtime: &tokio::runtime::Runtime) {
@@ -410,12 +417,14 @@ fn inspector(c: &mut Criterion) {
             config.store.data_dir = data.path().join(name);
         });
         let url = format!("{}/v1/chat/completions", sluice.url);
+        let sent = std::sync::atomic::AtomicU64::new(0);
         for (case, body) in [
             ("small", small_chat()),
             ("agent_200k_30_turns", agent_chat(30, 6_500)),
         ] {
             group.bench_function(BenchmarkId::new(name, case), |b| {
                 b.to_async(&runtime).iter(|| async {
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let resp = client
                         .post(&url)
                         .header("x-sluice-session", case)
@@ -426,6 +435,14 @@ fn inspector(c: &mut Criterion) {
                     black_box(resp.bytes().await.unwrap());
                 })
             });
+        }
+        if enabled {
+            // Records the inspector could not keep up with (it yields to requests).
+            println!(
+                "inspector: {} of {} turn records dropped",
+                sluice.metrics.inspector_dropped_total.get(),
+                sent.load(std::sync::atomic::Ordering::Relaxed)
+            );
         }
         sluice.stop(&runtime);
     }

@@ -145,6 +145,7 @@ async fn session(sluice: &Sluice, d: D, stream: bool) {
     } else {
         "openai"
     };
+    let mut ratios = Vec::new();
     for (k, turn) in turns.iter().enumerate() {
         let at = format!("{label} turn {k}: {turn}");
         assert_eq!(turn["route"], route, "{at}");
@@ -199,6 +200,7 @@ async fn session(sluice: &Sluice, d: D, stream: bool) {
             );
             let cached = n(&turn["usage"]["cached"]) as f64;
             let estimate = n(&turn["prefix"]["forwarded_tokens"]) as f64;
+            ratios.push(cached / estimate);
             assert!(
                 (cached / estimate - 1.0).abs() < 0.15,
                 "provider {cached} vs estimate {estimate}: {at}"
@@ -209,6 +211,12 @@ async fn session(sluice: &Sluice, d: D, stream: bool) {
             );
         }
     }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "{label}: provider-reported cached / estimated prefix from {:.3} to {:.3}",
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
     let totals = &head["totals"];
     assert!(
         totals["forwarded_cost"].as_f64() < totals["received_cost"].as_f64(),
@@ -327,4 +335,62 @@ async fn with_the_inspector_off_nothing_is_recorded_and_the_api_says_so() {
     let response = get_as(&sluice, "/v1/sluice/sessions", KEY).await;
     assert_eq!(response.status().as_u16(), 404);
     assert!(response.text().await.unwrap().contains("inspector"));
+}
+
+/// Images and read rounds in the records (the page's test, tests/ui.rs, shows them too): a
+/// spill read on in a hidden round, then a `recent` screenshot and a `once` picture, then a
+/// turn where the `once` picture is a placeholder and the hidden round is spliced back.
+#[tokio::test]
+async fn images_reads_and_hidden_rounds_are_recorded_with_their_artifacts() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&inspected(&mock.base_url()));
+    common::inspected_session(&sluice, &mock, KEY, "inspect-images").await;
+    let (_, list) = json_of(&sluice, "/v1/sluice/sessions", KEY).await;
+    let id = listed(&list, "inspect-images")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, record) = json_of(&sluice, &format!("/v1/sluice/sessions/{id}"), KEY).await;
+    let turns = record["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 3);
+    let reads = turns[0]["reads"].as_array().unwrap();
+    assert_eq!(reads.len(), 1, "{record}");
+    assert_eq!(reads[0]["outcome"], "page");
+    assert_eq!(reads[0]["artifact"], turns[0]["results"][0]["artifact"]);
+    assert!(n(&turns[1]["hidden_rounds"]) > 0, "{record}");
+    let fates = |t: &Value| -> Vec<(String, String)> {
+        t["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                (
+                    i["fate"].as_str().unwrap().into(),
+                    i["reason"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        fates(&turns[1]),
+        [
+            ("embedded".into(), String::new()),
+            ("embedded".into(), String::new())
+        ]
+    );
+    assert_eq!(
+        fates(&turns[2])[1],
+        ("placeholder".into(), "shown_before".into())
+    );
+    // Each image names its artifact, served with its media type.
+    for image in turns[2]["images"].as_array().unwrap() {
+        let artifact = image["artifact"].as_str().unwrap();
+        let response = get_as(&sluice, &format!("/v1/sluice/artifacts/{artifact}"), KEY).await;
+        assert_eq!(response.headers()["content-type"], "image/png");
+        assert!(
+            n(&image["width"]) > 0 || image["fate"] == "placeholder",
+            "{image}"
+        );
+    }
+    assert_eq!(turns[2]["results"][1]["fate"], "media");
 }

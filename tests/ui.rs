@@ -16,8 +16,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::mock::Reply;
-use common::{b64, client, config_for, get_as, picture, tool_output, MockUpstream, Sluice};
+use common::{client, config_for, get_as, tool_output, MockUpstream, Sluice};
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-ui-tenant";
@@ -174,68 +173,6 @@ impl Drop for Browser {
     }
 }
 
-async fn send(sluice: &Sluice, body: &Value) -> Value {
-    let response = client()
-        .post(sluice.url("/v1/messages"))
-        .bearer_auth(KEY)
-        .header("x-sluice-session", SESSION)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    response.json().await.unwrap()
-}
-
-fn image_block(w: u32, h: u32) -> Value {
-    json!({"type": "image", "source": {"type": "base64", "media_type": "image/png",
-        "data": b64(&picture(w, h, image::ImageFormat::Png))}})
-}
-
-/// Three turns of an Anthropic agent: a long build log (read on in a hidden round), then a
-/// screenshot (`recent`) and an image viewer's picture (`once`), then a short output.
-async fn scripted_session(sluice: &Sluice, mock: &MockUpstream) {
-    let call = |id: &str, name: &str| {
-        json!({"role": "assistant", "content": [
-        {"type": "tool_use", "id": id, "name": name, "input": {}}]})
-    };
-    let mut messages = vec![
-        json!({"role": "user", "content": "Build it and look at the page."}),
-        call("toolu_1", "bash"),
-    ];
-    messages.push(json!({"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": tool_output(150_000)}]}));
-    let body = |messages: &Vec<Value>| {
-        json!({"model": "claude-sonnet-4-5", "max_tokens": 1024,
-        "tools": [{"name": "bash", "input_schema": {"type": "object"}},
-                  {"name": "browser_take_screenshot", "input_schema": {"type": "object"}},
-                  {"name": "view_image", "input_schema": {"type": "object"}}],
-        "messages": messages})
-    };
-    mock.script([
-        Reply::Read {
-            before: Some("Reading on. ".into()),
-            also: None,
-            answer: String::new(),
-        },
-        Reply::Text("The build passed.".into()),
-    ]);
-    let answer = send(sluice, &body(&messages)).await;
-    messages.push(json!({"role": "assistant", "content": answer["content"]}));
-    messages.push(json!({"role": "user", "content": "Now the page."}));
-    messages.push(json!({"role": "assistant", "content": [
-        {"type": "tool_use", "id": "toolu_2", "name": "browser_take_screenshot", "input": {}},
-        {"type": "tool_use", "id": "toolu_3", "name": "view_image", "input": {}}]}));
-    messages.push(json!({"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_2", "content": [image_block(320, 200)]},
-        {"type": "tool_result", "tool_use_id": "toolu_3", "content": [image_block(64, 48)]}]}));
-    send(sluice, &body(&messages)).await;
-    messages.push(call("toolu_4", "bash"));
-    messages.push(json!({"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_4", "content": "ok"}]}));
-    send(sluice, &body(&messages)).await;
-}
-
 #[tokio::test]
 #[ignore = "needs chromium and chromium-driver; .ci/run runs it"]
 async fn the_page_shows_a_sessions_turns_images_reads_and_savings() {
@@ -245,7 +182,7 @@ async fn the_page_shows_a_sessions_turns_images_reads_and_savings() {
         &mock.base_url(),
         "[inspector]\nenabled = true\n",
     ));
-    scripted_session(&sluice, &mock).await;
+    common::inspected_session(&sluice, &mock, KEY, SESSION).await;
     let list: Value = get_as(&sluice, "/v1/sluice/sessions", KEY)
         .await
         .json()

@@ -172,7 +172,12 @@ fn less(from: f64, to: f64) -> String {
     if from <= 0.0 {
         return "–".into();
     }
-    format!("{:+.0} %", (to / from - 1.0) * 100.0)
+    let change = ((to / from - 1.0) * 100.0).round();
+    if change == 0.0 {
+        "0 %".into()
+    } else {
+        format!("{change:+} %")
+    }
 }
 
 fn images(by: &BTreeMap<String, u64>) -> String {
@@ -190,10 +195,11 @@ pub fn render(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "sluice replay of {}: {} requests, {} sessions",
+        "sluice replay of {}: {} requests, {} session{}",
         report.trace,
         report.requests,
-        report.sessions.len()
+        report.sessions.len(),
+        if report.sessions.len() == 1 { "" } else { "s" }
     );
     for s in &report.sessions {
         let name = if s.label.is_empty() { &s.id } else { &s.label };
@@ -206,10 +212,10 @@ pub fn render(report: &Report) -> String {
             "sent",
             "forwarded",
             "change",
-            "cached⁽ˢ⁾",
-            "cached⁽ᶠ⁾",
-            "cost⁽ˢ⁾",
-            "cost⁽ᶠ⁾",
+            "cached s",
+            "cached f",
+            "cost s",
+            "cost f",
             "spilled"
         );
         for t in &s.turns {
@@ -245,8 +251,9 @@ pub fn render(report: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "\ntokens are sluice's estimate of input tokens (s: as the agent sent, f: as forwarded);\n\
-         cost weighs them by the provider's prompt-cache prices, in uncached input tokens"
+        "\ntokens: sluice's estimate of input tokens, as the agent sent them (s) and as forwarded (f);\n\
+         cached: the prefix a provider's cache can serve from the previous request;\n\
+         cost: tokens weighed by the provider's prompt-cache prices, in uncached input tokens"
     );
     out
 }

@@ -173,6 +173,19 @@ impl Server {
                 .context_overflows_total
                 .with_label_values(&[&route.name]);
         }
+        for route in config.routes.iter().filter(|_| config.inspector.enabled) {
+            // The savings series exist from the start, so their rates have a baseline.
+            for side in ["received", "forwarded"] {
+                let labels = [route.name.as_str(), side];
+                metrics.input_tokens_total.with_label_values(&labels);
+                metrics.input_cost_tokens_total.with_label_values(&labels);
+            }
+            for kind in ["uncached", "cached", "cache_creation"] {
+                metrics
+                    .provider_input_tokens_total
+                    .with_label_values(&[route.name.as_str(), kind]);
+            }
+        }
         let ttl = Duration::from_secs(config.store.idle_ttl_seconds);
         let (backend, sessions) = match config.store.backend {
             StoreBackend::Embedded => {

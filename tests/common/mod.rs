@@ -334,3 +334,72 @@ pub fn picture(w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
 pub fn b64(bytes: &[u8]) -> String {
     base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
 }
+
+async fn send_as(
+    sluice: &Sluice,
+    key: &str,
+    session: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let response = client()
+        .post(sluice.url("/v1/messages"))
+        .bearer_auth(key)
+        .header("x-sluice-session", session)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response.json().await.unwrap()
+}
+
+fn image_block(w: u32, h: u32) -> serde_json::Value {
+    serde_json::json!({"type": "image", "source": {"type": "base64", "media_type": "image/png",
+        "data": b64(&picture(w, h, image::ImageFormat::Png))}})
+}
+
+/// Three turns of an Anthropic agent as `key` in `session`, for the inspector's tests: a long
+/// build log (read on in a hidden round), then a screenshot (`recent`) and an image viewer's
+/// picture (`once`), then a short output.
+pub async fn inspected_session(sluice: &Sluice, mock: &MockUpstream, key: &str, session: &str) {
+    use serde_json::{json, Value};
+    let call = |id: &str, name: &str| {
+        json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": id, "name": name, "input": {}}]})
+    };
+    let mut messages = vec![
+        json!({"role": "user", "content": "Build it and look at the page."}),
+        call("toolu_1", "bash"),
+    ];
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": tool_output(150_000)}]}));
+    let body = |messages: &Vec<Value>| {
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 1024,
+        "tools": [{"name": "bash", "input_schema": {"type": "object"}},
+                  {"name": "browser_take_screenshot", "input_schema": {"type": "object"}},
+                  {"name": "view_image", "input_schema": {"type": "object"}}],
+        "messages": messages})
+    };
+    mock.script([
+        mock::Reply::Read {
+            before: Some("Reading on. ".into()),
+            also: None,
+            answer: String::new(),
+        },
+        mock::Reply::Text("The build passed.".into()),
+    ]);
+    let answer = send_as(sluice, key, session, &body(&messages)).await;
+    messages.push(json!({"role": "assistant", "content": answer["content"]}));
+    messages.push(json!({"role": "user", "content": "Now the page."}));
+    messages.push(json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_2", "name": "browser_take_screenshot", "input": {}},
+        {"type": "tool_use", "id": "toolu_3", "name": "view_image", "input": {}}]}));
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": [image_block(320, 200)]},
+        {"type": "tool_result", "tool_use_id": "toolu_3", "content": [image_block(64, 48)]}]}));
+    send_as(sluice, key, session, &body(&messages)).await;
+    messages.push(call("toolu_4", "bash"));
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_4", "content": "ok"}]}));
+    send_as(sluice, key, session, &body(&messages)).await;
+}
