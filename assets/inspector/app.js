@@ -209,6 +209,7 @@ async function showSession(id) {
   $("#turns").replaceChildren(...record.turns.map((turn, i) => turnView(turn, first + i)));
   $("#session-section").hidden = false;
   say(`Turns ${first} to ${head.turns} of session ${head.label || id.slice(0, 12)}.`);
+  $("#session-title").focus();
 }
 
 function run(task) {

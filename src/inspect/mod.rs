@@ -259,7 +259,6 @@ impl Worker {
         };
         turn.cost.received = chain::cost(dialect, &price, &sent, sent_before.as_ref()).0;
         turn.cost.forwarded = chain::cost(dialect, &price, &shown, shown_before.as_ref()).0;
-        turn.results_unlisted = results.len().saturating_sub(turn::MAX_LISTED_RESULTS);
         turn.results = results
             .iter()
             .take(turn::MAX_LISTED_RESULTS)

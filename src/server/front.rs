@@ -54,6 +54,8 @@ pub(super) struct Seen {
     pub(super) tokenizer: crate::tokens::Tokenizer,
     /// Each tool result's place and what the front knows of it.
     pub(super) results: Vec<(projection::Span, crate::inspect::turn::SeenResult)>,
+    /// Tool results past the listed ones.
+    pub(super) unlisted: usize,
     /// Rounds hidden on earlier turns, spliced back.
     pub(super) hidden: usize,
 }
@@ -280,6 +282,10 @@ impl Shared {
                 .tokenizer
                 .unwrap_or_else(|| view.shapes.tokenizer()),
             results,
+            unlisted: view
+                .tool_results
+                .len()
+                .saturating_sub(crate::inspect::turn::MAX_LISTED_RESULTS),
             hidden,
         }
     }

@@ -268,6 +268,7 @@ impl App {
             projection: projection.summary.header_value(),
             images: Draft::images(&projection.images),
             hidden_rounds: seen.hidden,
+            results_unlisted: seen.unlisted,
             context: projection.context.map(|r| ContextFate {
                 estimated: r.estimated,
                 limit: r.limit,
