@@ -383,7 +383,13 @@ const RECENT: [usize; 12] = [1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2];
 #[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
 fn claude_code_screenshots_follow_the_recent_pattern() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    // The inspector on, and a provider cache that reports usage: the session's records are
+    // checked at the end.
+    mock.prompt_cache(true);
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "[inspector]\nenabled = true\n",
+    ));
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let mcp = serde_json::json!({"mcpServers": {"shots": {"command": mcp_python(), "args": [SCREENSHOTS]}}});
@@ -423,6 +429,76 @@ fn claude_code_screenshots_follow_the_recent_pattern() {
         pattern(&turns),
         RECENT,
         "the next prompt continues the pattern"
+    );
+    inspected_screenshots(&sluice, "sk-ant-test");
+}
+
+/// The inspector's record of a real agent's screenshot session (docs/inspector.md): every
+/// screenshot turn is there, streamed, with its images' fates, the provider's usage, and a
+/// cacheable prefix the provider's count confirms.
+fn inspected_screenshots(sluice: &Sluice, key: &str) {
+    let get = |path: String| {
+        futures_executor(async {
+            common::get_as(sluice, &path, key)
+                .await
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let list = get("/v1/sluice/sessions".into());
+    let sessions = list["sessions"].as_array().unwrap();
+    let busiest = sessions
+        .iter()
+        .max_by_key(|s| s["turns"].as_u64().unwrap_or(0))
+        .unwrap_or_else(|| panic!("no session recorded: {list}"));
+    let id = busiest["id"].as_str().unwrap();
+    let record = get(format!("/v1/sluice/sessions/{id}"));
+    let turns = record["turns"].as_array().unwrap();
+    let shots: Vec<&Value> = turns
+        .iter()
+        .filter(|t| !t["images"].as_array().unwrap().is_empty())
+        .collect();
+    assert!(
+        shots.len() >= 12,
+        "{} screenshot turns recorded",
+        shots.len()
+    );
+    let fates: Vec<String> = shots
+        .iter()
+        .flat_map(|t| t["images"].as_array().unwrap())
+        .map(|i| i["fate"].as_str().unwrap().to_string())
+        .collect();
+    assert!(fates.iter().any(|f| f == "embedded") && fates.iter().any(|f| f == "placeholder"));
+    let mut ratios = Vec::new();
+    for t in &shots {
+        assert_eq!(t["stream"], true, "{t}");
+        assert_eq!(t["complete"], true, "{t}");
+        let cached = t["usage"]["cached"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no usage: {t}"));
+        let estimate = t["prefix"]["forwarded_tokens"].as_f64().unwrap();
+        if cached > 0.0 && estimate > 0.0 {
+            ratios.push(cached / estimate);
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "Claude Code screenshots: {} turns; provider-reported cached / estimated prefix {:.3}-{:.3}",
+        shots.len(),
+        ratios.first().unwrap_or(&0.0),
+        ratios.last().unwrap_or(&0.0)
+    );
+    assert!(
+        !ratios.is_empty(),
+        "the provider never reported a cache hit"
+    );
+    let totals = &busiest["totals"];
+    println!("Claude Code screenshots, session totals: {totals}");
+    assert_eq!(totals["completed"], busiest["turns"], "{totals}");
+    assert!(
+        totals["images_placeholders"].as_u64().unwrap() > 0,
+        "{totals}"
     );
 }
 
