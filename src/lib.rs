@@ -23,8 +23,9 @@
 //! - [`replay`]: `sluice replay`, recorded requests through a throwaway sluice.
 //! - [`inspect`]: turn records, savings, the session API's data (docs/inspector.md).
 //! - Leaves: [`tenant`] (who calls, as a fingerprint of the credential), [`image`] (checks,
-//!   downscaling), [`json`] (panic-free edits of untrusted JSON), [`tokens`] (token estimates).
+//!   downscaling), [`audio`] (checks), [`json`] (panic-free edits of untrusted JSON), [`tokens`] (token estimates).
 
+pub mod audio;
 pub mod config;
 pub mod dialect;
 pub mod encoding;

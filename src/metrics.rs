@@ -103,6 +103,8 @@ pub struct Metrics {
     pub provider_input_tokens_total: IntCounterVec,
     /// Turn records dropped: the inspector's queue was full or its store failed.
     pub inspector_dropped_total: IntCounter,
+    /// Audio items in tool results by outcome (`placeholder`, `refused`) and reason.
+    pub audio_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -330,6 +332,14 @@ impl Metrics {
         registry.register(Box::new(input_cost_tokens_total.clone()))?;
         registry.register(Box::new(provider_input_tokens_total.clone()))?;
         registry.register(Box::new(inspector_dropped_total.clone()))?;
+        let audio_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_audio_total",
+                "Audio items in tool results by outcome (placeholder, refused) and reason.",
+            ),
+            &["outcome", "reason"],
+        )?;
+        registry.register(Box::new(audio_total.clone()))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -364,6 +374,7 @@ impl Metrics {
             input_cost_tokens_total,
             provider_input_tokens_total,
             inspector_dropped_total,
+            audio_total,
         })
     }
 

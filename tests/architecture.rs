@@ -17,7 +17,7 @@ const NOT_IN_CORE: &[&str] = &[
     "tokio", "moka", "redb", "redis", "hyper", "reqwest", "figment",
 ];
 /// The modules of sluice the core may use: leaves with no I/O.
-const CORE_MAY_USE: &[&str] = &["projection", "json", "tenant", "image", "tokens"];
+const CORE_MAY_USE: &[&str] = &["projection", "json", "tenant", "image", "audio", "tokens"];
 
 struct Source {
     path: PathBuf,

@@ -29,6 +29,7 @@ pub mod memos;
 pub mod policy;
 mod rewrite;
 pub mod shapes;
+mod sounds;
 pub mod view;
 
 use memos::Memos;
@@ -78,7 +79,11 @@ pub struct Projection {
     pub rereadable: usize,
     /// What the context guard did, where it looked at the request.
     pub context: Option<guard::Report>,
+    /// What happened to each audio item, for the metrics (docs/audio.md).
+    pub audio: Vec<AudioEvent>,
 }
+
+pub use sounds::AudioEvent;
 
 /// The source an image came from (a tool call id, or a fingerprint of the user's image part),
 /// and the tool's name when known.
@@ -279,6 +284,7 @@ pub(super) fn project_with(
     // free, and a stale one is stored again, refreshing its expiry.
     for e in extracted.iter().flatten() {
         out.spills.extend(media_artifacts(&e.items));
+        sounds::take(e, &mut out);
     }
     out.spills
         .extend(media_artifacts(users.iter().flatten().map(|i| &**i)));

@@ -14,6 +14,9 @@ use super::exit::text::Budget;
 pub enum Modality {
     Text,
     Image,
+    /// Accepted in the config (SPEC 9.1); sluice sends no audio to a model yet: audio in tool
+    /// results is stored and named on every route (docs/audio.md).
+    Audio,
 }
 
 /// How long an attachment is shown (SPEC A3, M5).

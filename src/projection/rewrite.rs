@@ -49,7 +49,11 @@ pub(super) fn render_tool_content(
             last.push('}');
         }
     }
-    let content = if !shapes.images_in_tool_results() && result.content.get().starts_with('"') {
+    // A string stays a string where nothing but text is left (audio taken out, no image).
+    let text_only = e.items.is_empty() && e.others.is_empty();
+    let content = if (text_only || !shapes.images_in_tool_results())
+        && result.content.get().starts_with('"')
+    {
         text_json
     } else {
         format!("[{}]", parts.join(","))

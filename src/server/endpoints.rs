@@ -55,8 +55,11 @@ impl App {
                 .ok_or_else(not_found)?;
             let content_type = match id.kind {
                 ArtifactKind::Text => "text/plain; charset=utf-8",
-                ArtifactKind::Media => crate::image::check(bytes.clone(), None)
-                    .map_or("application/octet-stream", |image| image.kind.mime()),
+                ArtifactKind::Media => match crate::audio::AudioType::sniff(&bytes) {
+                    Some(audio) => audio.mime(),
+                    None => crate::image::check(bytes.clone(), None)
+                        .map_or("application/octet-stream", |image| image.kind.mime()),
+                },
             };
             return Ok(plain(StatusCode::OK, content_type, bytes));
         }

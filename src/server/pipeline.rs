@@ -88,6 +88,12 @@ impl App {
         let spills = std::mem::take(&mut projection.spills);
         commit.after(self.persist(spills, &tenant, ctx, route).await?);
         self.count_images(&projection.images);
+        for audio in &projection.audio {
+            self.metrics
+                .audio_total
+                .with_label_values(&[audio.outcome, audio.reason])
+                .inc();
+        }
         if let Some(report) = projection.context {
             self.count_context(&report, &route.config.name, &ctx.request_id);
         }

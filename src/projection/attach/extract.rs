@@ -1,7 +1,10 @@
 //! Finding images in tool results and user messages (SPEC M1): native image parts, MCP image
 //! items and embedded image resources serialised into the tool text (also nested in a larger
 //! JSON document), and `data:image/…;base64,` URLs in text. Each image found is checked from
-//! its bytes (M2) and its place in the text gets a stable reference (M3).
+//! its bytes (M2) and its place in the text gets a stable reference (M3). Audio is found in
+//! the same places in tool results (MCP `audio` items, `audio/*` resources, `data:audio/`
+//! URLs), checked, stored, and named by a reference line; no model is sent its base64
+//! (docs/audio.md).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -10,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{Extras, Item, Media};
+use crate::audio::{AudioRefusal, CheckedAudio};
 use crate::image::{check, decode_base64, Refusal};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::policy::Lifetime;
@@ -30,6 +34,40 @@ pub struct Extracted {
     pub others: Vec<String>,
     /// `cache_control` of the result's last part, to keep on the last part written back.
     pub cache_control: Option<String>,
+    /// The audio the result carried, each now a reference line in `text`.
+    pub audio: Vec<Sound>,
+}
+
+/// An audio item of a tool result, numbered `k` from 1 within it: checked, and stored as a
+/// media artifact when it can be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sound {
+    pub k: usize,
+    pub checked: Result<CheckedAudio, AudioRefusal>,
+    pub id: Option<ArtifactId>,
+}
+
+impl Sound {
+    /// The line that stands where the audio stood: what it is and where it is kept, and that
+    /// the model was not sent it; or why it cannot be used.
+    pub fn reference(&self) -> String {
+        let k = self.k;
+        match (&self.checked, &self.id) {
+            (Ok(audio), Some(id)) => {
+                let length = audio
+                    .millis
+                    .map(|ms| format!(" {:.1} s,", ms as f64 / 1000.0))
+                    .unwrap_or_default();
+                format!(
+                    "[audio #{k}: {}{length} {} KB, artifact://{id}; not sent to the model]",
+                    audio.kind.name(),
+                    (audio.bytes.len() as u64).div_ceil(1024)
+                )
+            }
+            (Err(refusal), _) => format!("[audio #{k}: not used: {refusal}]"),
+            (Ok(_), None) => format!("[audio #{k}: not sent to the model]"),
+        }
+    }
 }
 
 /// Whether `raw` may hold an image at all: a quick byte search that lets the common case (a tool
@@ -47,16 +85,26 @@ pub fn may_hold_images(raw: &str) -> bool {
             || after.starts_with(b"\"")
             || after.starts_with(b"\\\"")
     });
+    let audio = || {
+        memchr::memmem::find_iter(b, b"audio").any(|at| {
+            let after = &b[at + 5..];
+            after.starts_with(b"/") && b[..at].ends_with(b"data:")
+                || after.starts_with(b"\"")
+                || after.starts_with(b"\\\"")
+        })
+    };
     image
         || memchr::memmem::find_iter(b, b"blob").any(|at| {
             let after = &b[at + 4..];
             after.starts_with(b"\"") || after.starts_with(b"\\\"")
         })
+        || audio()
 }
 
 struct Finder<'t> {
     tenant: &'t Tenant,
     items: Vec<Item>,
+    audio: Vec<Sound>,
 }
 
 impl Finder<'_> {
@@ -96,6 +144,27 @@ impl Finder<'_> {
         };
         let reference = item.reference();
         self.items.push(item);
+        reference
+    }
+
+    /// Checks one audio item and returns the line that takes its place in the text.
+    fn audio(&mut self, data: &str, declared: Option<&str>) -> String {
+        let k = self.audio.len() + 1;
+        let checked = if self.audio.len() >= MAX_ITEMS_PER_SOURCE {
+            Err(AudioRefusal::TooLarge {
+                bytes: self.audio.len() as u64,
+                limit: MAX_ITEMS_PER_SOURCE as u64,
+            })
+        } else {
+            crate::audio::from_base64(data, declared)
+        };
+        let id = checked
+            .as_ref()
+            .ok()
+            .map(|a| ArtifactId::for_content(self.tenant, ArtifactKind::Media, &a.bytes));
+        let sound = Sound { k, checked, id };
+        let reference = sound.reference();
+        self.audio.push(sound);
         reference
     }
 
@@ -156,7 +225,7 @@ impl Finder<'_> {
                 }
                 changed
             }
-            Value::String(s) if s.contains("data:image/") => {
+            Value::String(s) if s.contains("data:image/") || s.contains("data:audio/") => {
                 let replaced = self.data_urls(s);
                 let changed = replaced != *s;
                 *s = replaced;
@@ -166,8 +235,9 @@ impl Finder<'_> {
         }
     }
 
-    /// An MCP `{"type":"image","data","mimeType"}` item or a `{"type":"resource"}` whose
-    /// resource is an image blob: its reference, with its `_meta` lifetime hint read (M5).
+    /// An MCP `{"type":"image"|"audio","data","mimeType"}` item or a `{"type":"resource"}`
+    /// whose resource is an image or audio blob: its reference, with an image's `_meta`
+    /// lifetime hint read (M5).
     fn mcp_item(&mut self, map: &Map<String, Value>) -> Option<String> {
         let lifetime = hint(map.get("_meta"));
         match map.get("type")?.as_str()? {
@@ -176,29 +246,45 @@ impl Finder<'_> {
                 let mime = map.get("mimeType").and_then(Value::as_str);
                 Some(self.image(data, mime, lifetime))
             }
+            "audio" => {
+                let data = map.get("data")?.as_str()?;
+                let mime = map.get("mimeType").and_then(Value::as_str);
+                Some(self.audio(data, mime))
+            }
             "resource" => {
                 let resource = map.get("resource")?.as_object()?;
                 let mime = resource.get("mimeType").and_then(Value::as_str)?;
+                let data = resource.get("blob")?.as_str()?;
+                if mime.starts_with("audio/") {
+                    return Some(self.audio(data, Some(mime)));
+                }
                 if !mime.starts_with("image/") {
                     return None;
                 }
-                let data = resource.get("blob")?.as_str()?;
                 Some(self.image(data, Some(mime), lifetime.or(hint(resource.get("_meta")))))
             }
             _ => None,
         }
     }
 
-    /// `data:image/<type>;base64,<data>` URLs in plain text, each replaced by its reference.
+    /// `data:image/<type>;base64,<data>` and `data:audio/<type>;base64,<data>` URLs in plain
+    /// text, each replaced by its reference.
     fn data_urls(&mut self, text: &str) -> String {
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
-        while let Some(at) = rest.find("data:image/") {
+        loop {
+            let found = [("data:image/", false), ("data:audio/", true)]
+                .into_iter()
+                .filter_map(|(marker, audio)| rest.find(marker).map(|at| (at, marker, audio)))
+                .min_by_key(|(at, _, _)| *at);
+            let Some((at, marker, audio)) = found else {
+                break;
+            };
             out.push_str(&rest[..at]);
             let url = &rest[at..];
             let Some(comma) = url.find(";base64,").filter(|&c| c < 64) else {
-                out.push_str("data:image/");
-                rest = &url["data:image/".len()..];
+                out.push_str(marker);
+                rest = &url[marker.len()..];
                 continue;
             };
             let mime = &url["data:".len()..comma];
@@ -208,7 +294,12 @@ impl Finder<'_> {
                 .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
                 .count();
             let data = &url[data_start..data_start + data_len];
-            out.push_str(&self.image(data, Some(mime), None));
+            let reference = if audio {
+                self.audio(data, Some(mime))
+            } else {
+                self.image(data, Some(mime), None)
+            };
+            out.push_str(&reference);
             rest = &url[data_start + data_len..];
         }
         out.push_str(rest);
@@ -276,6 +367,7 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
     let mut finder = Finder {
         tenant,
         items: Vec::new(),
+        audio: Vec::new(),
     };
     let mut out = Extracted::default();
     if raw.starts_with('"') {
@@ -341,10 +433,11 @@ pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
         }
         out.text = texts.join("\n");
     }
-    if finder.items.is_empty() {
+    if finder.items.is_empty() && finder.audio.is_empty() {
         return None;
     }
     out.items = finder.items;
+    out.audio = finder.audio;
     Some(out)
 }
 
@@ -411,6 +504,7 @@ pub fn user_part(part: &RawValue, k: usize, tenant: &Tenant) -> Option<Item> {
     let mut finder = Finder {
         tenant,
         items: Vec::new(),
+        audio: Vec::new(),
     };
     match (p.source, p.image_url) {
         (

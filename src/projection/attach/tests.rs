@@ -244,3 +244,33 @@ fn more_than_twenty_large_images_for_anthropic_keep_twenty() {
         22
     );
 }
+
+#[test]
+fn finds_audio_items_resources_and_data_urls_and_takes_their_base64_out() {
+    let t = Tenant::from_credential(b"k");
+    let clip = b64(&crate::audio::tests::wav(500));
+    let mcp = json!({"content": [
+        {"type": "text", "text": "said:"},
+        {"type": "audio", "data": clip, "mimeType": "audio/wav"},
+        {"type": "resource", "resource": {"uri": "file:///a.mp3", "mimeType": "audio/mpeg", "blob": clip}}
+    ]});
+    let url = format!("listen: data:audio/wav;base64,{clip} done");
+    for (content, sounds) in [(json!(mcp.to_string()), 2), (json!(url), 1)] {
+        let out = tool_result(&raw(&content), &t).unwrap();
+        assert!(out.items.is_empty());
+        assert_eq!(out.audio.len(), sounds);
+        assert!(!out.text.contains(&clip[..100]), "{}", out.text);
+        let first = &out.audio[0];
+        assert!(first.checked.is_ok() && first.id.is_some());
+        assert!(out.text.contains(&first.reference()));
+        assert!(first
+            .reference()
+            .starts_with("[audio #1: WAV 0.5 s, 8 KB, artifact://"));
+    }
+    // The resource is labelled MP3 but is a WAV: refused, with a note, nothing to store.
+    let out = tool_result(&raw(&json!(mcp.to_string())), &t).unwrap();
+    assert_eq!(out.audio[1].id, None);
+    assert!(out.audio[1]
+        .reference()
+        .contains("labelled audio/mpeg but is WAV"));
+}
