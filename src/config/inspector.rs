@@ -5,6 +5,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::dialect::Dialect;
 
+/// Turns kept per session by default: a working day of an agent's turns, about a megabyte
+/// for a session whose requests carry 50 tool results each (docs/inspector.md).
+pub const DEFAULT_KEEP_TURNS: u64 = 100;
+/// The most turns a session may keep: past it, a record becomes the larger part of the store.
+pub const MAX_KEEP_TURNS: u64 = 10_000;
+
 /// What a provider charges for cached input, as multiples of the uncached input price.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -59,7 +65,7 @@ impl Default for InspectorConfig {
     fn default() -> Self {
         InspectorConfig {
             enabled: false,
-            keep_turns: 100,
+            keep_turns: DEFAULT_KEEP_TURNS,
             prices: Prices::default(),
         }
     }

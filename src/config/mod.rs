@@ -94,6 +94,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "store",
     "session",
     "routes",
+    "inspector",
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -351,10 +352,10 @@ impl Config {
         if self.max_body_bytes == 0 {
             return Err(ConfigError::at("max_body_bytes", "must be above 0"));
         }
-        if self.inspector.keep_turns == 0 || self.inspector.keep_turns > 10_000 {
+        if !(1..=inspector::MAX_KEEP_TURNS).contains(&self.inspector.keep_turns) {
             return Err(ConfigError::at(
                 "inspector.keep_turns",
-                "must be from 1 to 10000",
+                format!("must be from 1 to {}", inspector::MAX_KEEP_TURNS),
             ));
         }
         self.inspector

@@ -122,3 +122,37 @@ fn example_config_is_valid_and_names_every_key() {
         );
     }
 }
+
+/// `[inspector]`: its bounds and prices are checked by their dotted paths; a price left out
+/// keeps the provider's published value, a price given replaces only itself.
+#[test]
+fn inspector_keys_are_checked_and_prices_layer_over_the_published_ones() {
+    let err = load("[inspector]\nkeep_turns = 0\n", &[]).unwrap_err();
+    assert_eq!(err.key, "inspector.keep_turns", "{err}");
+    let err = load("[inspector.prices.openai]\ncache_read = -1\n", &[]).unwrap_err();
+    assert_eq!(err.key, "inspector.prices.openai.cache_read", "{err}");
+    let config = load(
+        "[inspector.prices.anthropic]\ncache_read = 0.08\n",
+        &[("SLUICE_INSPECTOR__ENABLED", "true")],
+    )
+    .unwrap();
+    assert!(config.inspector.enabled);
+    let anthropic = config.inspector.prices.of(Dialect::AnthropicMessages);
+    assert_eq!((anthropic.cache_read, anthropic.cache_write), (0.08, 1.25));
+    let openai = config.inspector.prices.of(Dialect::OpenAiChat);
+    assert_eq!(openai, crate::config::inspector::Price::OPENAI);
+}
+
+/// Every top-level key can be set from the environment (O1): a new table left out of
+/// `TOP_LEVEL_KEYS` would be silently ignored there.
+#[test]
+fn every_top_level_key_is_read_from_the_environment() {
+    let defaults = toml::Value::try_from(Config::default()).unwrap();
+    for key in defaults.as_table().unwrap().keys() {
+        assert!(
+            TOP_LEVEL_KEYS.contains(&key.as_str()),
+            "SLUICE_{} is not read",
+            key.to_uppercase()
+        );
+    }
+}

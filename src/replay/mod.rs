@@ -114,7 +114,7 @@ pub async fn run(mut config: Config, trace: &Path, progress: bool) -> Result<Rep
     config.store.backend = StoreBackend::Embedded;
     config.store.data_dir = dir.clone();
     config.inspector.enabled = true;
-    config.inspector.keep_turns = 10_000;
+    config.inspector.keep_turns = crate::config::inspector::MAX_KEEP_TURNS;
     for route in &mut config.routes {
         route.upstream = format!("http://{}", stub.addr);
         route.api_key_env.clear();
