@@ -132,6 +132,38 @@ async fn audio_in_tool_results_is_stored_and_named_never_sent_as_base64() {
     );
 }
 
+/// The inspector lists each turn's audio items with their fate (docs/inspector.md).
+#[tokio::test]
+async fn the_inspector_records_audio_fates() {
+    let mock = MockUpstream::start();
+    let config = common::config_for(&mock.base_url(), "[inspector]\nenabled = true\n");
+    let sluice = Sluice::start(&config);
+    let good = b64(&wav(300));
+    let text = json!({"content": [
+        {"type": "audio", "data": good, "mimeType": "audio/wav"},
+        {"type": "audio", "data": good, "mimeType": "audio/mpeg"}]})
+    .to_string();
+    send(&sluice, D::Anthropic, &request(D::Anthropic, &text)).await;
+    let list: Value = get_as(&sluice, "/v1/sluice/sessions", KEY)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = list["sessions"][0]["id"].as_str().unwrap().to_string();
+    let record: Value = get_as(&sluice, &format!("/v1/sluice/sessions/{id}"), KEY)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        record["turns"][0]["audio"],
+        json!([{"fate": "placeholder", "reason": "no_audio_input"},
+               {"fate": "refused", "reason": "mislabelled"}]),
+        "{record}"
+    );
+    assert_eq!(record["turns"][0]["results"][0]["fate"], "media");
+}
+
 #[tokio::test]
 async fn truncated_or_mislabelled_audio_is_refused_with_a_note() {
     let mock = MockUpstream::start();

@@ -176,6 +176,11 @@ function turnView(turn, n) {
     extras.push(el("div", { class: "extra", "data-images": String(turn.images.length) },
       el("h4", {}, "Images"), el("div", { class: "thumbs" }, turn.images.map(imageFigure))));
   }
+  if (turn.audio && turn.audio.length) {
+    extras.push(el("div", { class: "extra", "data-audio": String(turn.audio.length) },
+      "Audio taken out of tool results (stored, not sent to the model): ",
+      turn.audio.map((a) => `${a.fate}${a.reason ? ` (${a.reason})` : ""}`).join(", ")));
+  }
   if (turn.reads.length) {
     extras.push(el("div", { class: "extra", "data-reads": String(turn.reads.length) },
       `Read calls sluice answered within this request (hidden from the agent): `,

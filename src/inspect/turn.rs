@@ -49,6 +49,8 @@ pub struct Turn {
     /// Results left off the list past [`MAX_LISTED_RESULTS`].
     pub results_unlisted: usize,
     pub images: Vec<ImageFate>,
+    /// Audio items in tool results (docs/audio.md): `placeholder` or `refused`, and why.
+    pub audio: Vec<AudioFate>,
     /// Read-tool calls sluice answered within this request (C2).
     pub reads: Vec<ReadFate>,
     /// Rounds hidden on earlier turns, spliced back into this request (C3).
@@ -130,6 +132,14 @@ pub struct ImageFate {
     pub result: Option<usize>,
 }
 
+/// What happened to one audio item.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct AudioFate {
+    pub fate: String,
+    pub reason: String,
+}
+
 /// A read call sluice answered.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default)]
@@ -193,6 +203,18 @@ impl Draft {
                 downscaled: e.downscaled,
                 artifact: e.artifact.map(|id| id.to_string()),
                 result: e.result,
+            })
+            .collect()
+    }
+
+    /// The audio items' fates, from the projection's events.
+    pub fn audio(events: &[crate::projection::AudioEvent]) -> Vec<AudioFate> {
+        events
+            .iter()
+            .take(MAX_LISTED_MEDIA)
+            .map(|e| AudioFate {
+                fate: e.outcome.to_string(),
+                reason: e.reason.to_string(),
             })
             .collect()
     }

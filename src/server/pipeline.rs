@@ -273,6 +273,7 @@ impl App {
             model: seen.model,
             projection: projection.summary.header_value(),
             images: Draft::images(&projection.images),
+            audio: Draft::audio(&projection.audio),
             hidden_rounds: seen.hidden,
             results_unlisted: seen.unlisted,
             context: projection.context.map(|r| ContextFate {
