@@ -2,8 +2,6 @@
 //! numbers, its label compared, a WAV's duration read from its header, a size cap. Pure and
 //! panic-free, like [`crate::image`].
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use bytes::Bytes;
 
 /// The most decoded bytes an audio item may have: OpenAI's limit for an audio file, 25 MB.
@@ -132,19 +130,17 @@ pub struct CheckedAudio {
     pub millis: Option<u64>,
 }
 
-/// Decodes base64 audio and checks it.
+/// Decodes base64 audio and checks it; the size is bounded before decoding, as an image's is.
 pub fn from_base64(data: &str, declared: Option<&str>) -> Result<CheckedAudio, AudioRefusal> {
-    let data = data.trim();
-    let estimate = (data.len() as u64) / 4 * 3;
-    if estimate > MAX_AUDIO_BYTES + 3 {
-        return Err(AudioRefusal::TooLarge {
-            bytes: estimate,
-            limit: MAX_AUDIO_BYTES,
-        });
-    }
-    let bytes = STANDARD
-        .decode(data.as_bytes())
-        .map_err(|_| AudioRefusal::InvalidBase64)?;
+    let bytes =
+        crate::image::decode_base64(data.trim(), MAX_AUDIO_BYTES).map_err(
+            |refusal| match refusal {
+                crate::image::Refusal::TooLarge { bytes, limit } => {
+                    AudioRefusal::TooLarge { bytes, limit }
+                }
+                _ => AudioRefusal::InvalidBase64,
+            },
+        )?;
     check(Bytes::from(bytes), declared)
 }
 

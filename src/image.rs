@@ -130,17 +130,11 @@ pub fn decode_base64(data: &str, max_bytes: u64) -> Result<Vec<u8>, Refusal> {
     Ok(bytes)
 }
 
-/// The width and height of an image sent as base64 (a `data:` URL or bare), read from the
-/// header in its first 48 KiB; `None` when it is not an image sluice can read.
-pub fn payload_size(payload: &str) -> Option<(u32, u32)> {
-    let data = match payload.strip_prefix("data:") {
-        Some(url) => url.split_once(";base64,")?.1,
-        None => payload,
-    };
-    let head = data.get(..data.len().min(64 * 1024) / 4 * 4)?;
-    let bytes = STANDARD.decode(head.as_bytes()).ok()?;
-    let kind = ImageType::from_format(image::guess_format(&bytes).ok()?)?;
-    let mut reader = ImageReader::with_format(Cursor::new(&bytes[..]), kind.format());
+/// The width and height of an image, read from its header: `head` may be the file's first
+/// bytes only. `None` when it is not an image sluice can read.
+pub fn header_size(head: &[u8]) -> Option<(u32, u32)> {
+    let kind = ImageType::from_format(image::guess_format(head).ok()?)?;
+    let mut reader = ImageReader::with_format(Cursor::new(head), kind.format());
     reader.limits(limits());
     reader.into_dimensions().ok()
 }

@@ -77,10 +77,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime() {
                 Ok(runtime) => runtime,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the runtime");
@@ -101,10 +98,7 @@ fn replay(config: Option<PathBuf>, trace: &std::path::Path, json: bool) -> ExitC
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("sluice: cannot start the runtime: {e}");
@@ -131,6 +125,13 @@ fn replay(config: Option<PathBuf>, trace: &std::path::Path, json: bool) -> ExitC
             ExitCode::FAILURE
         }
     }
+}
+
+/// The runtime `serve` and `replay` run on (the proxy's workers have their own).
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }
 
 async fn serve(config: Config) -> ExitCode {

@@ -37,6 +37,18 @@ fn turns(upto: usize) -> Value {
     json!({"model": "claude-x", "max_tokens": 10, "messages": messages})
 }
 
+/// Turn `turn` of `session` (see [`turns`]), sent to `sluice` as `key`.
+async fn send_turn(sluice: &Sluice, key: &str, session: &str, turn: usize) -> reqwest::Response {
+    client()
+        .post(sluice.url("/v1/messages"))
+        .header("x-api-key", key)
+        .header("x-sluice-session", session)
+        .json(&turns(turn))
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn committed(sluice: &Sluice, n: f64) {
     for _ in 0..300 {
         if metric(
@@ -65,14 +77,7 @@ async fn two_processes_serve_alternate_turns_of_one_session() {
     let (mut done_a, mut done_b) = (0.0, 0.0);
     for turn in 1..=8 {
         let sluice = if turn % 2 == 1 { &a } else { &b };
-        client()
-            .post(sluice.url("/v1/messages"))
-            .header("x-api-key", &key)
-            .header("x-sluice-session", &session)
-            .json(&turns(turn))
-            .send()
-            .await
-            .unwrap();
+        send_turn(sluice, &key, &session, turn).await;
         shown.push(
             mock.last()
                 .json()
@@ -471,14 +476,7 @@ async fn turn_records_of_one_session_are_shared_by_replicas() {
     let session = uuid::Uuid::new_v4().to_string();
     for turn in 1..=6 {
         let sluice = if turn % 2 == 1 { &a } else { &b };
-        let response = client()
-            .post(sluice.url("/v1/messages"))
-            .header("x-api-key", &key)
-            .header("x-sluice-session", &session)
-            .json(&turns(turn))
-            .send()
-            .await
-            .unwrap();
+        let response = send_turn(sluice, &key, &session, turn).await;
         assert_eq!(response.status().as_u16(), 200);
         response.bytes().await.unwrap();
         // A session's next turn comes after its record was written (the agent reads the

@@ -166,10 +166,25 @@ fn without_breakpoints(part: &str) -> std::borrow::Cow<'_, str> {
 pub fn part_tokens(tokenizer: Tokenizer, part: &str) -> u64 {
     let text = tokenizer.count(&crate::tokens::json_text(part));
     let images: u64 = crate::tokens::json_payloads(part)
-        .filter_map(crate::image::payload_size)
+        .filter_map(image_size)
         .map(|(w, h)| tokenizer.image(w, h))
         .sum();
     text + images
+}
+
+/// Base64 characters of a payload decoded to read an image's header (48 KiB of bytes: a JPEG's
+/// size marker may follow its metadata).
+const HEADER_BASE64: usize = 64 * 1024;
+
+/// The size of an image sent as base64, a `data:` URL or bare, from its header.
+fn image_size(payload: &str) -> Option<(u32, u32)> {
+    use base64::Engine;
+    let (_, data) = crate::projection::attach::extract::split_data_url(payload);
+    let head = data.get(..data.len().min(HEADER_BASE64) / 4 * 4)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(head.as_bytes())
+        .ok()?;
+    crate::image::header_size(&bytes)
 }
 
 #[cfg(test)]

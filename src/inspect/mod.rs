@@ -243,8 +243,7 @@ impl Worker {
             chain::chain(&forwarded, turn.at_ms, &mut count)
         };
         let price = self.config.prices.of(dialect);
-        let fresh = |c: &Chain| (!c.links.is_empty()).then_some(c.clone());
-        let (sent_before, shown_before) = (fresh(&before.received), fresh(&before.forwarded));
+        let (sent_before, shown_before) = (known(&before.received), known(&before.forwarded));
         turn.received = Size {
             bytes: received.len() as u64,
             tokens: sent.tokens(),
@@ -254,11 +253,11 @@ impl Worker {
             tokens: shown.tokens(),
         };
         turn.prefix = Prefix {
-            received_tokens: sent_before.as_ref().map_or(0, |b| sent.shared(b)),
-            forwarded_tokens: shown_before.as_ref().map_or(0, |b| shown.shared(b)),
+            received_tokens: sent_before.map_or(0, |b| sent.shared(b)),
+            forwarded_tokens: shown_before.map_or(0, |b| shown.shared(b)),
         };
-        turn.cost.received = chain::cost(dialect, &price, &sent, sent_before.as_ref()).0;
-        turn.cost.forwarded = chain::cost(dialect, &price, &shown, shown_before.as_ref()).0;
+        turn.cost.received = chain::cost(dialect, &price, &sent, sent_before).0;
+        turn.cost.forwarded = chain::cost(dialect, &price, &shown, shown_before).0;
         turn.results = results
             .iter()
             .take(turn::MAX_LISTED_RESULTS)
@@ -304,6 +303,11 @@ impl Worker {
             }
         }
     }
+}
+
+/// A previous request's chain, when there was one.
+fn known(chain: &Chain) -> Option<&Chain> {
+    (!chain.links.is_empty()).then_some(chain)
 }
 
 /// A completed turn added to its session's totals.

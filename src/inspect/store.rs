@@ -101,6 +101,19 @@ impl TurnStore {
         id: &str,
         ttl: Duration,
     ) -> Result<Option<(Head, Chains)>, StoreError> {
+        let (head, chains) = self.read(ns, id, ttl, true).await?;
+        Ok(head.map(|h| (h, chains.unwrap_or_default())))
+    }
+
+    /// The session's head when it is live, and its chains when `with_chains` (the session API
+    /// needs only the head; a long session's chains are the larger record).
+    async fn read(
+        &self,
+        ns: &str,
+        id: &str,
+        ttl: Duration,
+        with_chains: bool,
+    ) -> Result<(Option<Head>, Option<Chains>), StoreError> {
         let (head, chains) = match self {
             TurnStore::Embedded(db) => {
                 let txn = db.begin_read().map_err(io)?;
@@ -109,33 +122,41 @@ impl TurnStore {
                     .open_table(HEADS)
                     .map_err(io)?
                     .get(key.as_str())
-                    .map_err(io)?;
-                let chains = txn
-                    .open_table(CHAINS)
                     .map_err(io)?
-                    .get(key.as_str())
-                    .map_err(io)?;
-                (
-                    head.and_then(|v| serde_json::from_slice::<Head>(v.value()).ok()),
-                    chains.and_then(|v| serde_json::from_slice::<Chains>(v.value()).ok()),
-                )
+                    .and_then(|v| serde_json::from_slice::<Head>(v.value()).ok());
+                let chains = match with_chains {
+                    true => txn
+                        .open_table(CHAINS)
+                        .map_err(io)?
+                        .get(key.as_str())
+                        .map_err(io)?
+                        .and_then(|v| serde_json::from_slice::<Chains>(v.value()).ok()),
+                    false => None,
+                };
+                (head, chains)
             }
             TurnStore::Redis(conn) => {
                 let mut conn = conn.clone();
-                let (head, chains): (Option<String>, Option<String>) = redis::cmd("MGET")
-                    .arg(redis_key(ns, id, "head"))
-                    .arg(redis_key(ns, id, "chains"))
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(io)?;
-                (
-                    head.and_then(|v| serde_json::from_str(&v).ok()),
-                    chains.and_then(|v| serde_json::from_str(&v).ok()),
-                )
+                let mut get = redis::cmd("MGET");
+                get.arg(redis_key(ns, id, "head"));
+                if with_chains {
+                    get.arg(redis_key(ns, id, "chains"));
+                }
+                let found: Vec<Option<String>> = get.query_async(&mut conn).await.map_err(io)?;
+                let mut found = found.into_iter();
+                let head = found
+                    .next()
+                    .flatten()
+                    .and_then(|v| serde_json::from_str(&v).ok());
+                let chains = found
+                    .next()
+                    .flatten()
+                    .and_then(|v| serde_json::from_str(&v).ok());
+                (head, chains)
             }
         };
         let live = |h: &Head| now_ms().saturating_sub(h.last_ms) <= ttl.as_millis() as u64;
-        Ok(head.filter(live).map(|h| (h, chains.unwrap_or_default())))
+        Ok((head.filter(live), chains))
     }
 
     /// Writes turn number `seq` with the session's new head and chains; keeps the last `keep`
@@ -312,7 +333,7 @@ impl TurnStore {
         id: &str,
         ttl: Duration,
     ) -> Result<Option<(Head, Vec<Turn>)>, StoreError> {
-        let Some((head, _)) = self.previous(ns, id, ttl).await? else {
+        let (Some(head), _) = self.read(ns, id, ttl, false).await? else {
             return Ok(None);
         };
         let turns: Vec<Turn> = match self {

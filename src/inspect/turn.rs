@@ -249,9 +249,9 @@ pub fn fate(seen: &SeenResult) -> ResultFate {
     };
     out.shown_bytes = with.len() as u64;
     let raw = std::str::from_utf8(with).unwrap_or_default();
-    let text = serde_json::value::RawValue::from_string(raw.to_owned())
+    let text = serde_json::from_str::<&serde_json::value::RawValue>(raw)
         .ok()
-        .and_then(|v| crate::projection::exit::result_text(&v))
+        .and_then(crate::projection::exit::result_text)
         .unwrap_or_default();
     let last = text.lines().rev().find(|l| l.starts_with("[sluice: "));
     if text.starts_with(RETIRED) {

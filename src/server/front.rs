@@ -236,10 +236,7 @@ impl Shared {
         session: Option<&SessionKey>,
         hidden: usize,
     ) -> Seen {
-        let header = headers
-            .get(&self.session_header)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty());
+        let header = self.session_id(headers).filter(|v| !v.is_empty());
         let session = session
             .cloned()
             .unwrap_or_else(|| SessionKey::of(tenant, header, view, &route.config.name).0);
@@ -311,6 +308,13 @@ impl Shared {
         Ok((index, route, tenant))
     }
 
+    /// The session id the client sent in the session header, if any.
+    fn session_id<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        headers
+            .get(&self.session_header)
+            .and_then(|v| v.to_str().ok())
+    }
+
     /// Stage 5: the session of a request and its delivery state. A store that cannot be read
     /// must not fail the request: it goes on without state (`None`), and commits nothing.
     async fn load_session(
@@ -321,9 +325,7 @@ impl Shared {
         route: &Route,
         request_id: &str,
     ) -> (Option<SessionKey>, SessionState) {
-        let header = headers
-            .get(&self.session_header)
-            .and_then(|v| v.to_str().ok());
+        let header = self.session_id(headers);
         let (key, source) = SessionKey::of(tenant, header, view, &route.config.name);
         tracing::debug!(request_id, session_from = source.as_str(), "session");
         self.seen.insert(key.0.clone(), ());
