@@ -42,6 +42,16 @@ impl AudioType {
         }
     }
 
+    /// The `format` OpenAI chat's `input_audio` part names it by (WIRE.md: `wav` or `mp3`);
+    /// `None` for a container no provider takes as input.
+    pub fn input_format(self) -> Option<&'static str> {
+        match self {
+            AudioType::Wav => Some("wav"),
+            AudioType::Mp3 => Some("mp3"),
+            _ => None,
+        }
+    }
+
     /// The type from the first bytes of a file.
     pub fn sniff(bytes: &[u8]) -> Option<AudioType> {
         let at = |from: usize, magic: &[u8]| bytes.get(from..from + magic.len()) == Some(magic);

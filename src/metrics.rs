@@ -79,8 +79,8 @@ pub struct Metrics {
     pub sessions_active: IntGauge,
     /// Images pruned by `recent` pruning (A4), counted when the pruning is committed.
     pub images_pruned_total: IntCounter,
-    /// Read-tool calls sluice answered, by outcome (page, image, image_refused, bad_cursor,
-    /// expired, store_error).
+    /// Read-tool calls sluice answered, by outcome (page, image, image_refused, audio,
+    /// audio_refused, bad_cursor, expired, store_error).
     pub read_calls_total: IntCounterVec,
     /// Read rounds sluice answered per request that offered the read tool.
     pub read_rounds: Histogram,
@@ -248,6 +248,8 @@ impl Metrics {
             "page",
             "image",
             "image_refused",
+            "audio",
+            "audio_refused",
             "bad_cursor",
             "expired",
             "store_error",

@@ -86,6 +86,15 @@ impl Tokenizer {
         }
     }
 
+    /// The tokens an audio file costs: 10 a second, what OpenAI's launch price of its audio
+    /// models ($100 per million audio tokens, about $0.06 a minute) works out to. A file whose
+    /// length is unknown (an MP3) is taken to last as long as its bytes at 32 kbit/s, speech's
+    /// lowest common rate, so the estimate errs high.
+    pub fn audio(millis: Option<u64>, bytes: u64) -> u64 {
+        let millis = millis.unwrap_or(bytes / 4);
+        millis.div_ceil(100)
+    }
+
     /// A short name for metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -215,6 +224,14 @@ mod tests {
             Tokenizer::Claude.count("The quick brown fox jumps over the lazy dog."),
             (o * 12).div_ceil(10)
         );
+    }
+
+    #[test]
+    fn audio_costs_ten_tokens_a_second() {
+        assert_eq!(Tokenizer::audio(Some(1500), 24_000), 15);
+        assert_eq!(Tokenizer::audio(Some(1), 16), 1);
+        // An MP3 of 40 KB: ten seconds at 32 kbit/s.
+        assert_eq!(Tokenizer::audio(None, 40_000), 100);
     }
 
     #[test]

@@ -178,8 +178,8 @@ function turnView(turn, n) {
   }
   if (turn.audio && turn.audio.length) {
     extras.push(el("div", { class: "extra", "data-audio": String(turn.audio.length) },
-      "Audio taken out of tool results (stored, not sent to the model): ",
-      turn.audio.map((a) => `${a.fate}${a.reason ? ` (${a.reason})` : ""}`).join(", ")));
+      "Audio in tool results (stored; sent to the model only when embedded): ",
+      turn.audio.map((a) => `${a.fate}${a.reason ? ` (${a.reason})` : ""}${a.artifact ? ` ${a.artifact}` : ""}`).join(", ")));
   }
   if (turn.reads.length) {
     extras.push(el("div", { class: "extra", "data-reads": String(turn.reads.length) },

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use crate::dialect::Dialect;
 use crate::projection::policy::Policy;
 pub use crate::projection::policy::{
-    ContextLimits as ContextConfig, ImageLimits as ImagesConfig, Lifetime, Modality,
-    PageLimits as ExitConfig,
+    AudioLimits as AudioConfig, ContextLimits as ContextConfig, ImageLimits as ImagesConfig,
+    Lifetime, Modality, PageLimits as ExitConfig,
 };
 
 /// Where the proxy listens by default: loopback, so a sidecar is not reachable from outside the pod
@@ -63,6 +63,14 @@ pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
 pub const DEFAULT_MAX_DIMENSION: u32 = 8000;
 pub const DEFAULT_RECENT_COUNT: usize = 3;
 pub const DEFAULT_PRUNE_BATCH: usize = 2;
+/// `[routes.audio]` (docs/audio.md). OpenAI documents no count of audio parts per request; ten
+/// clips is more than a tool turn brings, few enough that a history of recordings stays cheap.
+pub const DEFAULT_MAX_AUDIO: usize = 10;
+/// OpenAI's limit for one audio file, 25 MB, which is also the most sluice checks.
+pub const DEFAULT_MAX_AUDIO_BYTES: u64 = crate::audio::MAX_AUDIO_BYTES;
+/// One maximal file per request: its base64 (33 MB) and a long history stay under the 50 MB
+/// payload OpenAI long documented.
+pub const DEFAULT_MAX_AUDIO_TOTAL_BYTES: u64 = crate::audio::MAX_AUDIO_BYTES;
 /// Act at 90 % of the room: close enough to the window to retire rarely, far enough that the
 /// estimate's error (docs/context-guard.md) does not reach the provider's limit.
 pub const DEFAULT_CONTEXT_TRIGGER: f64 = 0.9;
@@ -166,6 +174,7 @@ pub struct RouteConfig {
     pub max_read_steps: usize,
     pub exit: ExitConfig,
     pub images: ImagesConfig,
+    pub audio: AudioConfig,
     pub tool_lifetimes: BTreeMap<String, Lifetime>,
     pub context: ContextConfig,
 }
@@ -252,6 +261,7 @@ impl Default for RouteConfig {
             max_read_steps: DEFAULT_MAX_READ_STEPS,
             exit: ExitConfig::default(),
             images: ImagesConfig::default(),
+            audio: AudioConfig::default(),
             tool_lifetimes: BTreeMap::from([("*screenshot*".to_string(), Lifetime::Recent)]),
             context: ContextConfig::default(),
         }
@@ -291,6 +301,19 @@ impl Default for ImagesConfig {
             prune_batch: DEFAULT_PRUNE_BATCH,
             default_lifetime: Lifetime::Once,
             downscale: false,
+        }
+    }
+}
+
+impl Default for AudioConfig {
+    fn default() -> Self {
+        Self {
+            max_audio: DEFAULT_MAX_AUDIO,
+            max_total_bytes: DEFAULT_MAX_AUDIO_TOTAL_BYTES,
+            max_audio_bytes: DEFAULT_MAX_AUDIO_BYTES,
+            recent_count: DEFAULT_RECENT_COUNT,
+            prune_batch: DEFAULT_PRUNE_BATCH,
+            default_lifetime: Lifetime::Once,
         }
     }
 }
@@ -494,6 +517,8 @@ impl RouteConfig {
             pages: &self.exit,
             images: &self.images,
             accepts_images: self.input_modalities.contains(&Modality::Image),
+            audio: &self.audio,
+            accepts_audio: self.input_modalities.contains(&Modality::Audio),
             read_tool,
             tool_lifetimes: &self.tool_lifetimes,
             context: &self.context,
@@ -568,11 +593,16 @@ impl RouteConfig {
                 "must be at least 256 (room for the notice)",
             ));
         }
-        if self.images.prune_batch == 0 {
-            return Err(ConfigError::at(
-                format!("{at}.images.prune_batch"),
-                "must be at least 1",
-            ));
+        for (key, batch) in [
+            ("images", self.images.prune_batch),
+            ("audio", self.audio.prune_batch),
+        ] {
+            if batch == 0 {
+                return Err(ConfigError::at(
+                    format!("{at}.{key}.prune_batch"),
+                    "must be at least 1",
+                ));
+            }
         }
         let c = &self.context;
         if !(c.trigger > 0.0 && c.trigger <= 1.0) {

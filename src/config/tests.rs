@@ -156,3 +156,27 @@ fn every_top_level_key_is_read_from_the_environment() {
         );
     }
 }
+
+/// `[routes.audio]` (docs/audio.md): its keys load, a zero batch and a misspelled key are named
+/// by their dotted paths.
+#[test]
+fn audio_keys_load_and_are_checked() {
+    let route = "[[routes]]\nname='a'\ndialects=['openai-chat']\nupstream='http://x'\ninput_modalities=['text','audio']\n[routes.audio]\n";
+    let c = load(
+        &format!("{route}max_audio = 2\ndefault_lifetime = 'retain'\n"),
+        &[],
+    )
+    .unwrap();
+    let audio = &c.routes[0].audio;
+    assert_eq!(
+        (audio.max_audio, audio.default_lifetime),
+        (2, Lifetime::Retain)
+    );
+    assert_eq!(audio.max_audio_bytes, DEFAULT_MAX_AUDIO_BYTES);
+    assert!(c.routes[0].policy("r").accepts_audio);
+    let err = load(&format!("{route}prune_batch = 0\n"), &[]).unwrap_err();
+    assert_eq!(err.key, "routes.0.audio.prune_batch", "{err}");
+    let err = load(&format!("{route}max_clips = 1\n"), &[]).unwrap_err();
+    assert_eq!(err.key, "routes.0.audio.max_clips", "{err}");
+    assert!(!load("", &[]).unwrap().routes[0].policy("r").accepts_audio);
+}

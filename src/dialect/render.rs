@@ -41,6 +41,16 @@ impl Shapes for Dialect {
         *self != Dialect::OpenAiChat
     }
 
+    fn takes_audio(&self) -> bool {
+        *self == Dialect::OpenAiChat
+    }
+
+    fn audio_part(&self, format: &str, base64: &str) -> String {
+        format!(
+            r#"{{"type":"input_audio","input_audio":{{"data":"{base64}","format":"{format}"}}}}"#
+        )
+    }
+
     fn limits_many_images(&self) -> bool {
         *self == Dialect::AnthropicMessages
     }

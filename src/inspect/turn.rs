@@ -49,7 +49,7 @@ pub struct Turn {
     /// Results left off the list past [`MAX_LISTED_RESULTS`].
     pub results_unlisted: usize,
     pub images: Vec<ImageFate>,
-    /// Audio items in tool results (docs/audio.md): `placeholder` or `refused`, and why.
+    /// Audio items in tool results (docs/audio.md), with their fate.
     pub audio: Vec<AudioFate>,
     /// Read-tool calls sluice answered within this request (C2).
     pub reads: Vec<ReadFate>,
@@ -136,8 +136,16 @@ pub struct ImageFate {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default)]
 pub struct AudioFate {
+    /// `embedded` (sent to the model), `deferred`, `refused` or `placeholder`.
     pub fate: String,
     pub reason: String,
+    /// The file's bytes, when sent.
+    pub bytes: u64,
+    /// Its length in milliseconds, where its header says it (WAV).
+    pub millis: Option<u64>,
+    pub artifact: Option<String>,
+    /// The tool result it came from (its index in `results`).
+    pub result: Option<usize>,
 }
 
 /// A read call sluice answered.
@@ -215,6 +223,10 @@ impl Draft {
             .map(|e| AudioFate {
                 fate: e.outcome.to_string(),
                 reason: e.reason.to_string(),
+                bytes: e.bytes,
+                millis: e.millis,
+                artifact: e.artifact.map(|id| id.to_string()),
+                result: Some(e.result),
             })
             .collect()
     }

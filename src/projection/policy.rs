@@ -14,8 +14,8 @@ use super::exit::text::Budget;
 pub enum Modality {
     Text,
     Image,
-    /// Accepted in the config (SPEC 9.1); sluice sends no audio to a model yet: audio in tool
-    /// results is stored and named on every route (docs/audio.md).
+    /// Audio from tool results is sent where the dialect takes it (OpenAI chat's `input_audio`);
+    /// elsewhere it is stored and named by a placeholder (docs/audio.md).
     Audio,
 }
 
@@ -50,6 +50,22 @@ pub struct ImageLimits {
     pub downscale: bool,
 }
 
+/// Audio budgets and delivery parameters (`[routes.audio]`, docs/audio.md): the image rules
+/// (A3-A6) applied to audio files, measured in the files' own bytes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AudioLimits {
+    /// Audio files sent in one request.
+    pub max_audio: usize,
+    /// Their bytes together.
+    pub max_total_bytes: u64,
+    /// One file's bytes; a larger file is refused for good on this route.
+    pub max_audio_bytes: u64,
+    pub recent_count: usize,
+    pub prune_batch: usize,
+    pub default_lifetime: Lifetime,
+}
+
 /// The context-window guard (`[routes.context]`, docs/context-guard.md): when a request's
 /// estimated input passes `trigger` of the room its window leaves after the requested output,
 /// the oldest tool results are retired, in one batch, down to `target` of that room.
@@ -81,6 +97,9 @@ pub struct Policy<'a> {
     pub pages: &'a PageLimits,
     pub images: &'a ImageLimits,
     pub accepts_images: bool,
+    pub audio: &'a AudioLimits,
+    /// The route lists `audio` in its `input_modalities` (the dialect must take audio too).
+    pub accepts_audio: bool,
     /// The read tool's name in this request (C1; suffixed when a client tool has the name).
     pub read_tool: &'a str,
     /// `tool_lifetimes`: tool-name glob → lifetime (M5).

@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 use super::attach::extract::Extracted;
 use super::attach::{self, Item, Media, Outcome};
 use super::shapes::{ImageRef, Shapes};
+use super::sounds::Heard;
 use super::view::ToolResult;
 
 pub(super) fn json_string(s: &str) -> String {
@@ -14,12 +15,13 @@ pub(super) fn json_string(s: &str) -> String {
 
 /// A tool result's new content: its text, then its shown images where the dialect allows images
 /// in tool results, then its other parts. Where it does not (OpenAI chat), the images come back
-/// separately, each after its reference, to go in a user message after the turn.
+/// separately, each after its reference, to go in a user message after the turn; so does the
+/// audio sent (`heard`), after the images.
 pub(super) fn render_tool_content(
     shapes: &dyn Shapes,
     result: &ToolResult<'_>,
     e: &Extracted,
-    outcomes: &[Outcome],
+    (outcomes, heard): (&[Outcome], &[Heard]),
     text: &str,
 ) -> (String, Vec<String>) {
     let text_json = json_string(text);
@@ -38,6 +40,12 @@ pub(super) fn render_tool_content(
         } else {
             after_turn.push(text_part(&json_string(&item.reference())));
             after_turn.push(part);
+        }
+    }
+    for (sound, heard) in e.audio.iter().zip(heard) {
+        if let (Heard::Sent(format), Some(base64)) = (heard, &sound.base64) {
+            after_turn.push(text_part(&json_string(&sound.reference())));
+            after_turn.push(shapes.audio_part(format, base64));
         }
     }
     parts.extend(e.others.iter().cloned());

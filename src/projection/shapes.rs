@@ -29,6 +29,13 @@ pub trait Shapes: std::fmt::Debug + Sync {
     /// tool result sent as a string stays a string.
     fn images_in_tool_results(&self) -> bool;
 
+    /// Whether a request may carry audio (OpenAI chat's `input_audio`, in a user message: it
+    /// goes where chat's images go, [`Shapes::after_turns`]).
+    fn takes_audio(&self) -> bool;
+
+    /// An audio part: base64 data in `format` (`wav`, `mp3`).
+    fn audio_part(&self, format: &str, base64: &str) -> String;
+
     /// Whether the provider lowers its image size limit when a request holds many images
     /// (Anthropic, A5).
     fn limits_many_images(&self) -> bool;

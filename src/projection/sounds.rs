@@ -1,37 +1,383 @@
-//! Audio in tool results (issue #17, docs/audio.md): each item found is stored (when it can
-//! be used) and counted; its reference line already stands in the result's text.
+//! Audio in tool results (docs/audio.md): each file's fate in a request, by the image rules
+//! applied to audio — the route's gate (A1: `audio` in `input_modalities`, and a dialect that
+//! takes audio), the delivery state (A3, A4, A10: `once`, `recent`, `retain`, committed on
+//! success), and `[routes.audio]` budgets in arrival order (A5, A6). A file that is sent goes,
+//! like a chat image, in the user message after its turn's tool messages (A7); every other one
+//! keeps its reference line, with a note saying why it was not sent.
 
-use super::attach::extract::Extracted;
-use super::{exit, Projection};
+use std::sync::Arc;
 
-/// One audio item's fate in a request: `placeholder` (stored, named, not sent) or `refused`.
+use super::attach::extract::{Extracted, Sound};
+use super::attach::state::{self, Candidate, Decision};
+use super::policy::AudioLimits;
+use super::{artifact::ArtifactId, exit, lifetime_of, Context, Projection, RequestView};
+
+/// One audio file's fate in a request, for metrics, headers and the inspector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AudioEvent {
+    /// `embedded`, `deferred`, `refused` or `placeholder`, as for images.
     pub outcome: &'static str,
     pub reason: &'static str,
+    /// The file's bytes, when it was sent.
+    pub bytes: u64,
+    /// Its length, where its header says it (WAV).
+    pub millis: Option<u64>,
+    /// The tool result it is in, by index in the view.
+    pub result: usize,
+    pub artifact: Option<ArtifactId>,
 }
 
-/// A tool result's audio: artifacts to store, events, and one placeholder each in the summary.
-pub(super) fn take(e: &Extracted, out: &mut Projection) {
-    for sound in &e.audio {
-        out.summary.placeholders += 1;
-        out.audio.push(match &sound.checked {
-            Ok(audio) => {
-                if let Some(id) = sound.id {
-                    out.spills.push(exit::Spill {
-                        id,
-                        bytes: audio.bytes.clone(),
-                    });
-                }
-                AudioEvent {
-                    outcome: "placeholder",
-                    reason: "no_audio_input",
+/// What happens to one audio file in this request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// Sent to the model as an `input_audio` part in this format.
+    Sent(&'static str),
+    /// No room in this request's audio budget; sent in a later one (A5). Not terminal.
+    Deferred,
+    /// The route, or its wire API, takes no audio (A1): stored and named only.
+    Gated(&'static str),
+    /// Can never be sent on this route (A6), and why; or its bytes failed their check (the
+    /// reference says so).
+    Refused(Option<String>, &'static str),
+    /// Sent before and no longer attached: `once` after its sending, pruned or released.
+    Retired,
+}
+
+/// Every audio file of the request decided: per tool result (by index in the view), one
+/// [`Heard`] per file; the candidates the delivery state tracks, with their decisions and
+/// whether each was sent, for the request's one `settle`.
+#[derive(Default)]
+pub(super) struct Decided {
+    pub heard: Vec<Vec<Heard>>,
+    pub candidates: Vec<Candidate>,
+    pub decisions: Vec<Decision>,
+    pub sent: Vec<bool>,
+}
+
+/// Decides the request's audio and records its artifacts, events and summary counts in `out`.
+/// `takes_audio`: the dialect has an audio part (OpenAI chat).
+pub(super) fn decide(
+    view: &RequestView<'_>,
+    ctx: &Context<'_>,
+    extracted: &[Option<Arc<Extracted>>],
+    takes_audio: bool,
+    out: &mut Projection,
+) -> Decided {
+    let limits = ctx.policy.audio;
+    let gate = match (ctx.policy.accepts_audio, takes_audio) {
+        (false, _) => Some("this model does not accept audio"),
+        (true, false) => Some("this API takes no audio input"),
+        (true, true) => None,
+    };
+    let mut d = Decided {
+        heard: vec![Vec::new(); extracted.len()],
+        ..Decided::default()
+    };
+    // First each file on its own: refused, gated, or a candidate for the delivery state.
+    let mut places: Vec<(usize, usize)> = Vec::new();
+    for (ri, e) in extracted.iter().enumerate() {
+        let Some(e) = e else { continue };
+        let result = &view.tool_results[ri];
+        for (si, sound) in e.audio.iter().enumerate() {
+            if let (Ok(audio), Some(id)) = (&sound.checked, sound.id) {
+                out.spills.push(exit::Spill {
+                    id,
+                    bytes: audio.bytes.clone(),
+                });
+            }
+            let heard = match (&sound.checked, gate) {
+                (Err(refusal), _) => Heard::Refused(None, refusal.reason()),
+                (Ok(_), Some(why)) => Heard::Gated(why),
+                (Ok(audio), None) => match own_limit(audio, limits) {
+                    Some(refused) => refused,
+                    None => {
+                        let lifetime = lifetime_of(
+                            sound.lifetime,
+                            result.tool_name.as_deref(),
+                            &ctx.policy,
+                            ctx.memo,
+                            limits.default_lifetime,
+                        );
+                        d.candidates.push(Candidate {
+                            key: identity(&result.source, sound),
+                            lifetime,
+                            showable: true,
+                        });
+                        places.push((ri, si));
+                        Heard::Deferred
+                    }
+                },
+            };
+            d.heard[ri].push(heard);
+        }
+    }
+    // Then the candidates: what the state allows (A3, A4), then the budgets in arrival order.
+    let recent = state::Recent {
+        count: limits.recent_count,
+        batch: limits.prune_batch,
+    };
+    d.decisions = state::plan(ctx.state, &d.candidates, recent);
+    let (mut count, mut total) = (0usize, 0u64);
+    for (&(ri, si), decision) in places.iter().zip(&d.decisions) {
+        let sound = &extracted[ri].as_ref().map(|e| &e.audio[si]);
+        let (heard, sent) = match (decision, sound.and_then(|s| s.checked.as_ref().ok())) {
+            (Decision::Eligible, Some(audio)) => {
+                let size = audio.bytes.len() as u64;
+                if count < limits.max_audio && total + size <= limits.max_total_bytes {
+                    count += 1;
+                    total += size;
+                    (
+                        Heard::Sent(audio.kind.input_format().unwrap_or("wav")),
+                        true,
+                    )
+                } else {
+                    (Heard::Deferred, false)
                 }
             }
-            Err(refusal) => AudioEvent {
-                outcome: "refused",
-                reason: refusal.reason(),
+            (Decision::Eligible | Decision::NotShowable, _) => (Heard::Deferred, false),
+            (Decision::Consumed | Decision::Pruned | Decision::Released, _) => {
+                (Heard::Retired, false)
+            }
+        };
+        d.heard[ri][si] = heard;
+        d.sent.push(sent);
+    }
+    // What happened, in document order.
+    for (ri, heard) in d.heard.iter().enumerate() {
+        let Some(e) = &extracted[ri] else { continue };
+        for (sound, heard) in e.audio.iter().zip(heard) {
+            out.audio.push(event(sound, heard, ri));
+            match heard {
+                Heard::Sent(_) => out.summary.embedded += 1,
+                Heard::Deferred => out.summary.deferred += 1,
+                Heard::Refused(..) => out.summary.refused += 1,
+                Heard::Gated(_) | Heard::Retired => out.summary.placeholders += 1,
+            }
+            if matches!(heard, Heard::Deferred | Heard::Retired) && sound.id.is_some() {
+                out.rereadable += 1;
+            }
+        }
+    }
+    d
+}
+
+/// A file this route can never send (A6): a container its API does not take, or over the
+/// per-file or per-request byte budget.
+fn own_limit(audio: &crate::audio::CheckedAudio, limits: &AudioLimits) -> Option<Heard> {
+    if audio.kind.input_format().is_none() {
+        let why = format!("this API takes WAV or MP3 audio, not {}", audio.kind.name());
+        return Some(Heard::Refused(Some(why), "unsupported_format"));
+    }
+    let size = audio.bytes.len() as u64;
+    let cap = limits.max_audio_bytes.min(limits.max_total_bytes);
+    (size > cap).then(|| {
+        let why = format!(
+            "{} KB is over this route's audio limit of {} KB",
+            size.div_ceil(1024),
+            cap / 1024
+        );
+        Heard::Refused(Some(why), "too_large")
+    })
+}
+
+/// An audio file's identity in the delivery state: its source, its number there and its
+/// content, apart from images' (`#a`).
+fn identity(source: &str, sound: &Sound) -> String {
+    let content = sound
+        .id
+        .map_or_else(|| "none".to_string(), |id| id.to_string());
+    format!("{source}#a{}#{content}", sound.k)
+}
+
+/// The note written after a tool result's text for an audio file that is not sent.
+pub(super) fn note(sound: &Sound, heard: &Heard) -> Option<String> {
+    let k = sound.k;
+    let id = sound.id?;
+    match heard {
+        Heard::Sent(_) | Heard::Refused(None, _) => None,
+        Heard::Gated(why) => Some(format!("[audio #{k}: not sent to the model: {why}]")),
+        Heard::Refused(Some(why), _) => Some(format!("[audio #{k}: not sent: {why}]")),
+        Heard::Deferred => Some(format!(
+            "[audio #{k}: not sent in this request (its audio budget is full); it will be sent in a later one (artifact://{id})]"
+        )),
+        Heard::Retired => Some(format!(
+            "[audio #{k}: sent earlier and no longer attached; it can be heard again with the read tool: {{\"url\":\"artifact://{id}\"}}]"
+        )),
+    }
+}
+
+fn event(sound: &Sound, heard: &Heard, result: usize) -> AudioEvent {
+    let audio = sound.checked.as_ref().ok();
+    let (outcome, reason) = match heard {
+        Heard::Sent(_) => ("embedded", ""),
+        Heard::Deferred => ("deferred", "budget"),
+        Heard::Gated(_) => ("placeholder", "no_audio_input"),
+        Heard::Refused(_, reason) => ("refused", *reason),
+        Heard::Retired => ("placeholder", "shown_before"),
+    };
+    AudioEvent {
+        outcome,
+        reason,
+        bytes: match heard {
+            Heard::Sent(_) => audio.map_or(0, |a| a.bytes.len() as u64),
+            _ => 0,
+        },
+        millis: audio.and_then(|a| a.millis),
+        result,
+        artifact: sound.id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{project, Context, Projection};
+    use crate::config::{Lifetime, Modality, RouteConfig};
+    use crate::dialect::Dialect;
+    use crate::memo::Memo;
+    use crate::projection::attach::state::{apply, SessionState};
+    use crate::tenant::Tenant;
+    use base64::Engine;
+    use serde_json::json;
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    /// A chat request with one tool result per clip (`call_1`, …), each an MCP audio item, and
+    /// a screenshot in the first.
+    fn request(clips: &[Vec<u8>], png: &str) -> String {
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for (i, clip) in clips.iter().enumerate() {
+            let id = format!("call_{}", i + 1);
+            messages.push(
+                json!({"role": "assistant", "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": "record", "arguments": "{}"}}]}),
+            );
+            let mut content =
+                vec![json!({"type": "audio", "data": b64(clip), "mimeType": "audio/wav"})];
+            if i == 0 {
+                content.push(json!({"type": "image", "data": png, "mimeType": "image/png"}));
+            }
+            messages.push(json!({"role": "tool", "tool_call_id": id,
+                "content": json!({"content": content}).to_string()}));
+        }
+        json!({"model": "m", "messages": messages}).to_string()
+    }
+
+    fn run(body: &str, route: &RouteConfig, state: &SessionState, d: Dialect) -> Projection {
+        let view = d.read_view(body.as_bytes()).unwrap();
+        let tenant = Tenant::from_credential(b"k");
+        let memo = Memo::default();
+        project(
+            &view,
+            &Context {
+                tenant: &tenant,
+                policy: route.policy(&route.read_tool),
+                memo: &memo,
+                state,
             },
-        });
+        )
+    }
+
+    fn outcomes(p: &Projection) -> Vec<&'static str> {
+        p.audio.iter().map(|a| a.outcome).collect()
+    }
+
+    fn audio_route() -> RouteConfig {
+        let mut route = RouteConfig::default();
+        route.input_modalities.push(Modality::Audio);
+        route
+    }
+
+    /// A4 for audio, on its own count: `recent` files past `recent_count` are pruned oldest
+    /// first once viewed; the request's image, counted apart, is shown all the same.
+    #[test]
+    fn recent_audio_is_pruned_on_its_own_count_a4() {
+        let mut route = audio_route();
+        route.audio.default_lifetime = Lifetime::Recent;
+        route.audio.recent_count = 1;
+        route.audio.prune_batch = 1;
+        route.images.recent_count = 1;
+        route.images.default_lifetime = Lifetime::Recent;
+        let png = b64(&crate::image::tests::encode(
+            &crate::image::tests::picture(4, 4),
+            ::image::ImageFormat::Png,
+        ));
+        let (a, b) = (crate::audio::tests::wav(100), crate::audio::tests::wav(200));
+        let mut state = SessionState::default();
+        let first = run(
+            &request(std::slice::from_ref(&a), &png),
+            &route,
+            &state,
+            Dialect::OpenAiChat,
+        );
+        assert_eq!(outcomes(&first), ["embedded"]);
+        assert_eq!(first.summary.embedded, 2, "the audio and the image");
+        apply(&mut state, &first.delta, 1);
+        let second = run(&request(&[a, b], &png), &route, &state, Dialect::OpenAiChat);
+        assert_eq!(outcomes(&second), ["placeholder", "embedded"]);
+        assert_eq!(second.audio[0].reason, "shown_before");
+        assert_eq!(
+            second.images.iter().map(|i| i.outcome).collect::<Vec<_>>(),
+            ["embedded"],
+            "images are pruned on their own count"
+        );
+        assert_eq!(second.rereadable, 1, "the pruned file can be heard again");
+    }
+
+    /// A3, A10: `once` is consumed only by the delta of a completed request; an audio file
+    /// whose source left the history is released for good.
+    #[test]
+    fn once_is_consumed_by_the_delta_and_released_with_its_source_a3_a10() {
+        let route = audio_route();
+        let clip = crate::audio::tests::wav(100);
+        let body = request(std::slice::from_ref(&clip), "");
+        let mut state = SessionState::default();
+        let first = run(&body, &route, &state, Dialect::OpenAiChat);
+        assert_eq!(outcomes(&first), ["embedded"]);
+        // Not applied (a failed request): sent again.
+        assert_eq!(
+            outcomes(&run(&body, &route, &state, Dialect::OpenAiChat)),
+            ["embedded"]
+        );
+        apply(&mut state, &first.delta, 1);
+        let again = run(&body, &route, &state, Dialect::OpenAiChat);
+        assert_eq!(outcomes(&again), ["placeholder"]);
+        assert!(again.delta.records.is_empty(), "nothing new to record");
+        let gone = run(&request(&[], ""), &route, &state, Dialect::OpenAiChat);
+        assert_eq!(gone.delta.records.len(), 1, "released: {:?}", gone.delta);
+        apply(&mut state, &gone.delta, 2);
+        assert!(state.records.is_empty() && state.released.len() == 1);
+    }
+
+    /// A1: no state is kept for audio a route cannot send; the placeholder says why.
+    #[test]
+    fn gated_audio_keeps_no_state_a1() {
+        let clip = crate::audio::tests::wav(100);
+        let body = request(std::slice::from_ref(&clip), "");
+        for (route, dialect) in [
+            (RouteConfig::default(), Dialect::OpenAiChat),
+            (audio_route(), Dialect::AnthropicMessages),
+        ] {
+            let body = if dialect == Dialect::AnthropicMessages {
+                json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text",
+                     "text": json!({"content": [{"type": "audio", "data": b64(&clip), "mimeType": "audio/wav"}]}).to_string()}]}]}]})
+                .to_string()
+            } else {
+                body.clone()
+            };
+            let p = run(&body, &route, &SessionState::default(), dialect);
+            assert_eq!(outcomes(&p), ["placeholder"], "{dialect:?}");
+            assert!(p.delta.records.is_empty(), "{dialect:?}");
+            assert_eq!(p.rereadable, 0);
+            let out = crate::projection::splice(&bytes::Bytes::from(body), p.edits).unwrap();
+            let out = String::from_utf8_lossy(&out);
+            assert!(
+                out.contains("[audio #1: not sent to the model: this"),
+                "{out}"
+            );
+            assert!(!out.contains("input_audio") && !out.contains(&b64(&clip)[..40]));
+        }
     }
 }

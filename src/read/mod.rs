@@ -73,11 +73,11 @@ pub struct Call {
     pub arguments: Value,
 }
 
-/// What a read call asks for: the page at a cursor, an image again (C5), or an error the
-/// model can read.
+/// What a read call asks for: the page at a cursor, an image or audio file again (C5), or an
+/// error the model can read.
 pub enum Request {
     Page(Cursor),
-    Image(ArtifactId),
+    Media(ArtifactId),
     Invalid(String),
 }
 
@@ -86,37 +86,52 @@ impl Request {
     pub fn artifact(&self) -> Option<ArtifactId> {
         match self {
             Request::Page(cursor) => Some(cursor.artifact),
-            Request::Image(id) => Some(*id),
+            Request::Media(id) => Some(*id),
             Request::Invalid(_) => None,
         }
     }
 }
 
-/// A read call's answer: its text, and an image to attach (C5).
+/// A read call's answer: its text, and an image or audio file to attach (C5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub id: String,
     pub text: String,
-    pub image: Option<Image>,
+    pub media: Option<Media>,
 }
 
-/// An image a read call shows again: its media type and base64 data.
+/// An image or audio file a read call shows again: its media type and base64 data.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Image {
+pub struct Media {
     pub mime: &'static str,
     pub base64: String,
-    /// The artifact, named in the placeholder that replaces the image on later turns.
+    /// The artifact, named in the placeholder that replaces the media on later turns.
     pub artifact: ArtifactId,
 }
 
+impl Media {
+    /// The `input_audio` format of an audio file (`wav`, `mp3`); `None` for an image.
+    pub fn audio_format(&self) -> Option<&'static str> {
+        match self.mime {
+            "audio/wav" => Some("wav"),
+            "audio/mpeg" => Some("mp3"),
+            _ => None,
+        }
+    }
+}
+
 impl Answer {
-    /// The answer as later turns show it: an image is shown once (C5), then its placeholder.
+    /// The answer as later turns show it: media is shown once (C5), then its placeholder.
     pub fn once_shown(&self) -> Answer {
         let mut shown = self.clone();
-        if let Some(image) = shown.image.take() {
+        if let Some(media) = shown.media.take() {
+            let (kind, done, again) = match media.audio_format() {
+                Some(_) => ("audio", "played", "heard"),
+                None => ("image", "shown", "read"),
+            };
             shown.text = format!(
-                "[sluice: image artifact://{} was shown here; it can be read again with {{\"url\":\"artifact://{}\"}}]",
-                image.artifact, image.artifact
+                "[sluice: {kind} artifact://{} was {done} here; it can be {again} again with {{\"url\":\"artifact://{}\"}}]",
+                media.artifact, media.artifact
             );
         }
         shown
@@ -133,9 +148,9 @@ pub fn parse_call(call: &Call, tenant: &Tenant) -> Request {
             .and_then(ArtifactId::parse)
             .filter(|id| id.kind == ArtifactKind::Media);
         return match id {
-            Some(id) => Request::Image(id),
+            Some(id) => Request::Media(id),
             None => Request::Invalid(format!(
-                "[sluice: {:?} is not the artifact://ID of an image; copy it exactly from the image's placeholder]",
+                "[sluice: {:?} is not the artifact://ID of an image or audio file; copy it exactly from its placeholder]",
                 url.chars().take(120).collect::<String>()
             )),
         };

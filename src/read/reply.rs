@@ -119,7 +119,7 @@ pub fn anthropic_calls(content: &[Value]) -> Vec<Call> {
 
 /// The items that answer read calls. An image goes where the dialect takes a tool's image:
 /// inside the tool result (Anthropic, Responses), or in a user message after the tool messages
-/// (chat, whose tool messages take text only).
+/// (chat, whose tool messages take text only); audio, which only chat takes, goes there too.
 pub fn results(dialect: Dialect, answers: &[Answer]) -> Vec<Value> {
     match dialect {
         Dialect::OpenAiChat => {
@@ -129,12 +129,16 @@ pub fn results(dialect: Dialect, answers: &[Answer]) -> Vec<Value> {
                 .collect();
             let images: Vec<Value> = answers
                 .iter()
-                .filter_map(|a| a.image.as_ref().map(|i| (a, i)))
-                .flat_map(|(a, i)| {
-                    [
+                .filter_map(|a| a.media.as_ref().map(|i| (a, i)))
+                .flat_map(|(a, i)| match i.audio_format() {
+                    Some(format) => [
+                        json!({"type": "text", "text": format!("[sluice: the audio read by call {}]", a.id)}),
+                        json!({"type": "input_audio", "input_audio": {"data": i.base64, "format": format}}),
+                    ],
+                    None => [
                         json!({"type": "text", "text": format!("[sluice: the image read by call {}]", a.id)}),
                         json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}", i.mime, i.base64)}}),
-                    ]
+                    ],
                 })
                 .collect();
             if !images.is_empty() {
@@ -145,7 +149,7 @@ pub fn results(dialect: Dialect, answers: &[Answer]) -> Vec<Value> {
         Dialect::OpenAiResponses => answers
             .iter()
             .map(|a| {
-                let output = match &a.image {
+                let output = match a.media.as_ref().filter(|i| i.audio_format().is_none()) {
                     Some(i) => json!([
                         {"type": "input_text", "text": a.text},
                         {"type": "input_image", "image_url": format!("data:{};base64,{}", i.mime, i.base64)}
@@ -164,7 +168,7 @@ pub fn result_blocks(answers: &[Answer]) -> Vec<Value> {
     answers
         .iter()
         .map(|a| {
-            let content = match &a.image {
+            let content = match a.media.as_ref().filter(|i| i.audio_format().is_none()) {
                 Some(i) => json!([
                     {"type": "text", "text": a.text},
                     {"type": "image", "source": {"type": "base64", "media_type": i.mime, "data": i.base64}}

@@ -40,7 +40,8 @@ pub(super) struct Front {
     pub(super) projection: projection::Projection,
     /// The read tool's name, when it is offered.
     pub(super) tool: Option<String>,
-    pub(super) accepts_images: bool,
+    /// Whether the route shows images, and sends audio (the read tool's re-views, C5).
+    pub(super) media: (bool, bool),
     /// What the inspector records of the request, when it is on.
     pub(super) seen: Option<Seen>,
 }
@@ -129,6 +130,7 @@ impl Shared {
         let mut state = SessionState::default();
         let policy = route.config.policy(&read_tool);
         let accepts_images = policy.accepts_images;
+        let hears_audio = policy.accepts_audio && view.shapes.takes_audio();
         let light = projection::Prepared::without_images(&view, &tenant, &self.memo);
         // The context guard needs the session (its retired results) and counts tokens, once the
         // request is large enough to reach its trigger.
@@ -183,7 +185,7 @@ impl Shared {
         let offer = route.config.max_read_steps > 0
             && (projection.summary.spilled > 0
                 || projection.summary.retired.unwrap_or(0) > 0
-                || (projection.rereadable > 0 && accepts_images));
+                || projection.rereadable > 0);
         let mut tool = None;
         let mut hidden_rounds = 0;
         if offer {
@@ -220,7 +222,7 @@ impl Shared {
             session,
             projection,
             tool,
-            accepts_images,
+            media: (accepts_images, hears_audio),
             seen,
         })
     }

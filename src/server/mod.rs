@@ -44,6 +44,7 @@ mod front;
 mod handle;
 mod pipeline;
 mod relay;
+mod reshow;
 mod rounds;
 mod sessions;
 mod workers;

@@ -71,7 +71,7 @@ impl App {
             session,
             mut projection,
             tool,
-            accepts_images,
+            media,
             seen,
         } = front;
         let route = self.routes.get(route).ok_or(GatewayError::Internal)?;
@@ -125,7 +125,11 @@ impl App {
             body: forwarded.clone(),
             original: body.clone(),
             commit: std::mem::replace(&mut commit, Commit::none()),
-            images: rounds::ImageRoom::left(&route.config, accepts_images, &projection.images),
+            images: rounds::MediaRoom::left(
+                &route.config,
+                media,
+                (&projection.images, &projection.audio),
+            ),
         });
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();

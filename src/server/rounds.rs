@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::commit::{Commit, WholeBody};
+pub(super) use super::reshow::MediaRoom;
 use super::{App, Body, Context, InFlight};
 use crate::dialect::Dialect;
 use crate::metrics::StreamOutcome;
@@ -46,39 +47,9 @@ pub(super) struct Job {
     pub original: Bytes,
     /// The request's delivery-state change; the link of hidden rounds joins it (C3).
     pub commit: Commit,
-    /// Images this request may still show (C5: re-read images count against the route's
-    /// budgets, after the images the request already embeds).
-    pub images: ImageRoom,
-}
-
-/// What is left of a request's image budgets, and the per-image limits.
-#[derive(Clone, Copy)]
-pub(super) struct ImageRoom {
-    pub accepts: bool,
-    pub count: usize,
-    pub bytes: u64,
-    pub max_image_bytes: u64,
-    pub max_dimension: u32,
-}
-
-impl ImageRoom {
-    /// The room the route's budgets leave after the images the request already embeds.
-    pub fn left(
-        route: &crate::config::RouteConfig,
-        accepts: bool,
-        images: &[crate::projection::ImageEvent],
-    ) -> ImageRoom {
-        let limits = &route.images;
-        let embedded = images.iter().filter(|i| i.outcome == "embedded");
-        let shown: u64 = embedded.clone().map(|i| i.bytes).sum();
-        ImageRoom {
-            accepts,
-            count: limits.max_images.saturating_sub(embedded.count()),
-            bytes: limits.max_total_bytes.saturating_sub(shown),
-            max_image_bytes: limits.max_image_bytes,
-            max_dimension: limits.max_dimension,
-        }
-    }
+    /// Images and audio this request may still show (C5: re-read media count against the
+    /// route's budgets, after the media the request already embeds).
+    pub images: MediaRoom,
 }
 
 /// The rounds so far: each round's output and the read results that answered it.
@@ -399,14 +370,14 @@ impl App {
             .await
     }
 
-    /// Answers read calls with their pages or images; every failure is an answer the model can
+    /// Answers read calls with their pages, images or audio; every failure is an answer the model can
     /// read.
     async fn answer(&self, job: &mut Job, calls: &[Call]) -> Vec<read::Answer> {
         let mut out = Vec::with_capacity(calls.len());
         for call in calls {
             let request = read::parse_call(call, &job.tenant);
             let artifact = request.artifact().map(|id| id.to_string());
-            let (text, image, outcome) = match request {
+            let (text, media, outcome) = match request {
                 read::Request::Invalid(message) => (message, None, "bad_cursor"),
                 read::Request::Page(cursor) => {
                     match self.artifacts.get(&job.tenant, &cursor.artifact).await {
@@ -426,7 +397,7 @@ impl App {
                         Err(e) => store_unavailable(&e),
                     }
                 }
-                read::Request::Image(id) => {
+                read::Request::Media(id) => {
                     // This request's own images are written while it is forwarded.
                     job.commit.written().await;
                     match self.artifacts.get(&job.tenant, &id).await {
@@ -446,7 +417,7 @@ impl App {
             out.push(read::Answer {
                 id: call.id.clone(),
                 text,
-                image,
+                media,
             });
         }
         out
@@ -490,92 +461,18 @@ impl App {
     }
 }
 
-impl App {
-    /// [`reshow`] on the blocking pool (the image is checked from its bytes and encoded), as
-    /// heavy projection is: the worker goes on relaying meanwhile.
-    async fn reshow_off_thread(
-        &self,
-        room: &mut ImageRoom,
-        id: crate::store::ArtifactId,
-        bytes: Bytes,
-    ) -> (String, Option<read::Image>, &'static str) {
-        let _permit = self.heavy.clone().acquire_owned().await;
-        let mut left = *room;
-        let shown = tokio::task::spawn_blocking(move || {
-            let shown = reshow(&mut left, id, bytes);
-            (left, shown)
-        })
-        .await;
-        match shown {
-            Ok((left, shown)) => {
-                *room = left;
-                shown
-            }
-            Err(_) => (
-                format!("[sluice: artifact://{id} cannot be shown again: it could not be read]"),
-                None,
-                "image_refused",
-            ),
-        }
-    }
-}
-
-fn expired(id: &crate::store::ArtifactId) -> String {
+pub(super) fn expired(id: &crate::store::ArtifactId) -> String {
     format!("[sluice: artifact://{id} has expired and can no longer be read]")
 }
 
-fn store_unavailable(e: &crate::store::StoreError) -> (String, Option<read::Image>, &'static str) {
+pub(super) fn store_unavailable(
+    e: &crate::store::StoreError,
+) -> (String, Option<read::Media>, &'static str) {
     tracing::warn!(error = %e, "read tool: artifact store unavailable");
     (
         "[sluice: the artifact store is unavailable; try the same call again later]".to_string(),
         None,
         "store_error",
-    )
-}
-
-/// An image shown again (C5), if the route takes images and the request's budgets have room.
-fn reshow(
-    room: &mut ImageRoom,
-    id: crate::store::ArtifactId,
-    bytes: Bytes,
-) -> (String, Option<read::Image>, &'static str) {
-    let refuse = |why: &str| {
-        (
-            format!("[sluice: artifact://{id} cannot be shown again: {why}]"),
-            None,
-            "image_refused",
-        )
-    };
-    if !room.accepts {
-        return refuse("this model does not accept images");
-    }
-    let Ok(checked) = crate::image::check(bytes, None) else {
-        return refuse("it is not an image sluice can show");
-    };
-    let base64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &checked.bytes);
-    let size = base64.len() as u64;
-    if room.count == 0 {
-        return refuse("this request already holds as many images as the route allows");
-    }
-    if size > room.max_image_bytes || size > room.bytes {
-        return refuse("it is larger than the image budget left in this request");
-    }
-    if checked.long_edge() > room.max_dimension {
-        return refuse("it is larger than the route's largest image dimension");
-    }
-    room.count -= 1;
-    room.bytes -= size;
-    (
-        format!(
-            "[sluice: image artifact://{id}, {}×{}, shown again]",
-            checked.width, checked.height
-        ),
-        Some(read::Image {
-            mime: checked.kind.mime(),
-            base64,
-            artifact: id,
-        }),
-        "image",
     )
 }
 

@@ -815,10 +815,12 @@ fn context_rules(dialect: Dialect, request: &Value, window: u64) -> Option<Strin
     .to_string())
 }
 
-/// The image rules the real providers enforce (WIRE.md), so a test sees the request a provider
-/// would refuse: OpenAI chat takes images only in user messages; Anthropic measures an image's
-/// base64 text against 5 MiB, its long edge against 8000 px (2000 px once a request holds more
-/// than 20 images), takes at most 100, and wants the media type to match the bytes.
+/// The media rules the real providers enforce (WIRE.md), so a test sees the request a provider
+/// would refuse: OpenAI chat takes images and audio (`input_audio`, wav or mp3) only in user
+/// messages; Responses' tool output takes text, image and file parts; Anthropic takes no audio
+/// block, measures an image's base64 text against 5 MiB, its long edge against 8000 px (2000 px
+/// once a request holds more than 20 images), takes at most 100, and wants the media type to
+/// match the bytes.
 fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
     match dialect {
         Dialect::Chat => {
@@ -831,6 +833,13 @@ fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
                         "Image URLs are only allowed for messages with role 'user', but this message with role '{}' contains an image URL.",
                         m["role"].as_str().unwrap_or("")
                     ));
+                }
+                for part in m["content"].as_array().into_iter().flatten() {
+                    if part["type"] == "input_audio" {
+                        if let Some(refusal) = chat_audio_rules(m, part) {
+                            return Some(refusal);
+                        }
+                    }
                 }
             }
             None
@@ -848,6 +857,15 @@ fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
                         }
                     }
                 }
+            }
+            if let Some(kind) = blocks_of(request, "messages")
+                .into_iter()
+                .find(|b| b["type"].as_str().is_some_and(|t| t.contains("audio")))
+            {
+                return Some(format!(
+                    "messages: Input tag '{}' found using 'type' does not match any of the expected tags",
+                    kind["type"].as_str().unwrap_or("")
+                ));
             }
             if images.len() > 100 {
                 return Some("too many images".into());
@@ -899,8 +917,63 @@ fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
             }
             None
         }
-        Dialect::Responses => None,
+        Dialect::Responses => {
+            // A function_call_output's output parts: input_text, input_image, input_file.
+            for item in request["input"].as_array()? {
+                for part in item["output"].as_array().into_iter().flatten() {
+                    let kind = part["type"].as_str().unwrap_or("");
+                    if !["input_text", "input_image", "input_file"].contains(&kind) {
+                        return Some(format!("Invalid value: '{kind}'. Supported values are: 'input_text', 'input_image', and 'input_file'."));
+                    }
+                }
+            }
+            None
+        }
     }
+}
+
+/// Every content block of `request[key]`'s messages, a tool result's own blocks included.
+fn blocks_of<'r>(request: &'r Value, key: &str) -> Vec<&'r Value> {
+    let mut out = Vec::new();
+    for m in request[key].as_array().into_iter().flatten() {
+        for block in m["content"].as_array().into_iter().flatten() {
+            out.push(block);
+            out.extend(block["content"].as_array().into_iter().flatten());
+        }
+    }
+    out
+}
+
+/// OpenAI chat's rules for an `input_audio` part (WIRE.md): in a user message only, `format`
+/// `wav` or `mp3`, base64 `data` whose bytes are that format.
+fn chat_audio_rules(message: &Value, part: &Value) -> Option<String> {
+    if message["role"] != "user" {
+        return Some(format!(
+            "Invalid value: 'input_audio'. Supported values are: 'text'. (message with role '{}')",
+            message["role"].as_str().unwrap_or("")
+        ));
+    }
+    let audio = &part["input_audio"];
+    let format = audio["format"].as_str().unwrap_or("");
+    if !["wav", "mp3"].contains(&format) {
+        return Some(format!(
+            "Invalid value: '{format}'. Supported values are: 'wav' and 'mp3'."
+        ));
+    }
+    let Ok(bytes) = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        audio["data"].as_str().unwrap_or(""),
+    ) else {
+        return Some("Invalid base64 in input_audio.data".into());
+    };
+    let wav = bytes.starts_with(b"RIFF") && bytes.get(8..12) == Some(b"WAVE".as_slice());
+    let mp3 = bytes.starts_with(b"ID3") || bytes.first() == Some(&0xFF);
+    if !(format == "wav" && wav || format == "mp3" && mp3) {
+        return Some(format!(
+            "The audio file could not be decoded or its format is not supported ({format})."
+        ));
+    }
+    None
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -45,11 +45,16 @@ pub struct Sound {
     pub k: usize,
     pub checked: Result<CheckedAudio, AudioRefusal>,
     pub id: Option<ArtifactId>,
+    /// An explicit lifetime hint found on the item (M5).
+    pub lifetime: Option<Lifetime>,
+    /// The base64 text the audio came as, to send it without encoding it again.
+    pub base64: Option<Arc<str>>,
 }
 
 impl Sound {
-    /// The line that stands where the audio stood: what it is and where it is kept, and that
-    /// the model was not sent it; or why it cannot be used.
+    /// The line that stands where the audio stood, the same whatever the route does with it:
+    /// what it is and where it is kept; or why it cannot be used. A note after the result's
+    /// text says when it is not sent (`projection::sounds`).
     pub fn reference(&self) -> String {
         let k = self.k;
         match (&self.checked, &self.id) {
@@ -59,13 +64,13 @@ impl Sound {
                     .map(|ms| format!(" {:.1} s,", ms as f64 / 1000.0))
                     .unwrap_or_default();
                 format!(
-                    "[audio #{k}: {}{length} {} KB, artifact://{id}; not sent to the model]",
+                    "[audio #{k}: {}{length} {} KB, artifact://{id}]",
                     audio.kind.name(),
                     (audio.bytes.len() as u64).div_ceil(1024)
                 )
             }
             (Err(refusal), _) => format!("[audio #{k}: not used: {refusal}]"),
-            (Ok(_), None) => format!("[audio #{k}: not sent to the model]"),
+            (Ok(audio), None) => format!("[audio #{k}: {}]", audio.kind.name()),
         }
     }
 }
@@ -148,7 +153,7 @@ impl Finder<'_> {
     }
 
     /// Checks one audio item and returns the line that takes its place in the text.
-    fn audio(&mut self, data: &str, declared: Option<&str>) -> String {
+    fn audio(&mut self, data: &str, declared: Option<&str>, lifetime: Option<Lifetime>) -> String {
         let k = self.audio.len() + 1;
         let checked = if self.audio.len() >= MAX_ITEMS_PER_SOURCE {
             Err(AudioRefusal::TooLarge {
@@ -162,7 +167,14 @@ impl Finder<'_> {
             .as_ref()
             .ok()
             .map(|a| ArtifactId::for_content(self.tenant, ArtifactKind::Media, &a.bytes));
-        let sound = Sound { k, checked, id };
+        let base64 = checked.is_ok().then(|| Arc::from(data.trim()));
+        let sound = Sound {
+            k,
+            checked,
+            id,
+            lifetime,
+            base64,
+        };
         let reference = sound.reference();
         self.audio.push(sound);
         reference
@@ -249,14 +261,15 @@ impl Finder<'_> {
             "audio" => {
                 let data = map.get("data")?.as_str()?;
                 let mime = map.get("mimeType").and_then(Value::as_str);
-                Some(self.audio(data, mime))
+                Some(self.audio(data, mime, lifetime))
             }
             "resource" => {
                 let resource = map.get("resource")?.as_object()?;
                 let mime = resource.get("mimeType").and_then(Value::as_str)?;
                 let data = resource.get("blob")?.as_str()?;
                 if mime.starts_with("audio/") {
-                    return Some(self.audio(data, Some(mime)));
+                    let lifetime = lifetime.or(hint(resource.get("_meta")));
+                    return Some(self.audio(data, Some(mime), lifetime));
                 }
                 if !mime.starts_with("image/") {
                     return None;
@@ -295,7 +308,7 @@ impl Finder<'_> {
                 .count();
             let data = &url[data_start..data_start + data_len];
             let reference = if audio {
-                self.audio(data, Some(mime))
+                self.audio(data, Some(mime), None)
             } else {
                 self.image(data, Some(mime), None)
             };

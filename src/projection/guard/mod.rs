@@ -265,6 +265,13 @@ pub fn estimate(
             *cost += n;
         }
     }
+    for audio in p.audio.iter().filter(|a| a.outcome == "embedded") {
+        let n = Tokenizer::audio(audio.millis, audio.bytes);
+        out.total += n;
+        if let Some(cost) = out.per_result.get_mut(audio.result) {
+            *cost += n;
+        }
+    }
     out
 }
 
