@@ -220,6 +220,69 @@ async fn official_sdks_see_a_once_image_exactly_once() {
         .contains("shown earlier and no longer attached")));
 }
 
+/// Audio with the official SDKs (docs/audio.md): on a route with `audio`, an MCP audio item in
+/// a chat tool result is sent as `input_audio` once (the mock refuses it anywhere but a user
+/// message), then a placeholder; Responses and Anthropic get a placeholder, never the base64.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+async fn official_sdks_send_audio_once_where_the_api_takes_it() {
+    let mock = MockUpstream::start();
+    mock.record(true);
+    let config = config_for(&mock.base_url(), "").replace(
+        "models = [\"*\"]\n",
+        "models = [\"*\"]\ninput_modalities = [\"text\", \"image\", \"audio\"]\n",
+    );
+    let sluice = Sluice::start(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let mut wav = b"RIFF\x24\x0f\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x40\x1f\0\0\x80\x3e\0\0\x02\0\x10\0data\0\x0f\0\0".to_vec();
+    wav.extend((0..3840u32).map(|i| (i % 200) as u8));
+    let data = b64(&wav);
+    let file = dir.path().join("audio.b64");
+    std::fs::write(&file, &data).unwrap();
+    let file = file.to_str().unwrap().to_string();
+    let s = &sluice;
+    let sent = |r: &common::mock::Recorded| {
+        r.json()
+            .to_string()
+            .matches(r#""type":"input_audio""#)
+            .count()
+    };
+    tokio::task::block_in_place(|| run_script(s, &["--audio", &file]));
+    let first = mock.requests();
+    assert_eq!(first.len(), 3);
+    for r in &first {
+        let body = r.json().to_string();
+        assert!(
+            !body.contains(&data[..200]) || r.uri == "/v1/chat/completions",
+            "{}",
+            r.uri
+        );
+        let expected = usize::from(r.uri == "/v1/chat/completions");
+        assert_eq!(sent(r), expected, "{}", r.uri);
+    }
+    for _ in 0..300 {
+        let m = sluice.metrics().await;
+        if metric(&m, "sluice_commits_total{outcome=\"committed\"}") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::task::block_in_place(|| run_script(s, &["--audio", &file]));
+    let second = &mock.requests()[3..];
+    assert!(second.iter().all(|r| sent(r) == 0), "sent once");
+    let chat = second
+        .iter()
+        .find(|r| r.uri == "/v1/chat/completions")
+        .unwrap();
+    assert!(chat
+        .json()
+        .to_string()
+        .contains("sent earlier and no longer attached"));
+    assert!(second
+        .iter()
+        .all(|r| !r.json().to_string().contains(&data[..200])));
+}
+
 /// The read tool through the official SDKs (SPEC C1-C3): three pages read, one response per
 /// request, parsed by each SDK's own stream helpers, and the next turn sees the pages read.
 #[tokio::test(flavor = "multi_thread")]

@@ -191,6 +191,35 @@ def delivery(oa, an, image_b64):
         expect(stream.get_final_completion().choices[0].finish_reason == "stop", "delivery: chat stream completed")
 
 
+def audio(oa, an, wav_b64):
+    """A tool result with an MCP audio item, through each SDK's own calls. Run twice by the Rust
+    side on a route with "audio": chat is sent the audio once (as input_audio after the tool
+    message), the other APIs never (docs/audio.md)."""
+    mcp = json.dumps({"content": [{"type": "text", "text": "recorded the call"},
+                                  {"type": "audio", "data": wav_b64, "mimeType": "audio/wav"}]})
+    history = [
+        {"role": "user", "content": "record the call"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "record", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": mcp},
+    ]
+    with oa.chat.completions.stream(model="gpt-4o-audio-preview", messages=history) as stream:
+        expect(stream.get_final_completion().choices[0].finish_reason == "stop", "audio: chat stream completed")
+    r = oa.responses.create(model="gpt-5", input=[
+        {"role": "user", "content": "record the call"},
+        {"type": "function_call", "call_id": "call_1", "name": "record", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": mcp},
+    ])
+    expect(r.output_text == "Hello from the mock.", "audio: responses answered")
+    messages = [
+        {"role": "user", "content": "record the call"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "record", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": mcp}]},
+    ]
+    m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)
+    expect(m.stop_reason == "end_turn", "audio: anthropic answered")
+
+
 def read_on(oa, an, output):
     """The model reads three pages through sluice's read tool, then answers (SPEC C1-C3). The
     mock (`mock:read=3`) calls the read tool with the newest cursor until three pages were read.
@@ -333,6 +362,7 @@ def main():
     parser.add_argument("--anthropic-base", required=True)
     parser.add_argument("--text-exit", help="file holding a long tool output; run only those checks")
     parser.add_argument("--delivery", help="file holding a base64 PNG; run only the delivery checks")
+    parser.add_argument("--audio", help="file holding a base64 WAV; run only the audio checks")
     parser.add_argument("--read", help="file holding a long tool output; run only the read-tool checks")
     parser.add_argument("--context-turns", type=int, help="run only the context-guard session, this many turns")
     parser.add_argument("--expect-context-failure", action="store_true",
@@ -347,6 +377,11 @@ def main():
     if args.delivery:
         with open(args.delivery, encoding="ascii") as f:
             delivery(oa, an, f.read().strip())
+        print("all SDK checks passed")
+        return
+    if args.audio:
+        with open(args.audio, encoding="ascii") as f:
+            audio(oa, an, f.read().strip())
         print("all SDK checks passed")
         return
     if args.read:
