@@ -198,12 +198,22 @@ fn wav_millis(bytes: &[u8]) -> Option<u64> {
     if riff + 8 > bytes.len() as u64 {
         return None;
     }
+    header_millis(bytes)
+}
+
+/// An audio file's length as its first bytes declare it (a WAV's header; `None` for other
+/// containers, or a header cut short), without checking that the rest of the file is there:
+/// for estimates of a file whose head alone was decoded (the inspector's token counts).
+pub fn header_millis(head: &[u8]) -> Option<u64> {
+    if AudioType::sniff(head)? != AudioType::Wav {
+        return None;
+    }
     let (mut at, mut rate, mut data) = (12usize, None, None);
-    while at + 8 <= bytes.len() && (rate.is_none() || data.is_none()) {
-        let id = bytes.get(at..at + 4)?;
-        let size = u32_at(bytes, at + 4)? as usize;
+    while at + 8 <= head.len() && (rate.is_none() || data.is_none()) {
+        let id = head.get(at..at + 4)?;
+        let size = u32_at(head, at + 4)? as usize;
         match id {
-            b"fmt " => rate = u32_at(bytes, at + 16),
+            b"fmt " => rate = u32_at(head, at + 16),
             b"data" => data = Some(size as u64),
             _ => {}
         }
@@ -251,6 +261,14 @@ pub(crate) mod tests {
             check(Bytes::from(wav(10)), None).unwrap().kind,
             AudioType::Wav
         );
+    }
+
+    #[test]
+    fn a_wav_header_alone_gives_its_length() {
+        let whole = wav(2500);
+        assert_eq!(header_millis(&whole[..64]), Some(2500));
+        assert_eq!(header_millis(&whole[..20]), None, "cut inside the header");
+        assert_eq!(header_millis(b"ID3\x04\x00\x00 an mp3"), None);
     }
 
     #[test]

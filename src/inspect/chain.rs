@@ -162,29 +162,34 @@ fn without_breakpoints(part: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// Tokens of one part: its text by `tokenizer`, each image it carries by the provider's formula.
+/// Tokens of one part: its text by `tokenizer`, each image and audio file it carries by formula
+/// (`Tokenizer::image`, `Tokenizer::audio`).
 pub fn part_tokens(tokenizer: Tokenizer, part: &str) -> u64 {
     let text = tokenizer.count(&crate::tokens::json_text(part));
-    let images: u64 = crate::tokens::json_payloads(part)
-        .filter_map(image_size)
-        .map(|(w, h)| tokenizer.image(w, h))
+    let media: u64 = crate::tokens::json_payloads(part)
+        .filter_map(|payload| media_tokens(tokenizer, payload))
         .sum();
-    text + images
+    text + media
 }
 
 /// Base64 characters of a payload decoded to read an image's header (48 KiB of bytes: a JPEG's
 /// size marker may follow its metadata).
 const HEADER_BASE64: usize = 64 * 1024;
 
-/// The size of an image sent as base64, a `data:` URL or bare, from its header.
-fn image_size(payload: &str) -> Option<(u32, u32)> {
+/// The tokens of an image or audio file sent as base64, a `data:` URL or bare, from its header.
+fn media_tokens(tokenizer: Tokenizer, payload: &str) -> Option<u64> {
     use base64::Engine;
     let (_, data) = crate::projection::attach::extract::split_data_url(payload);
     let head = data.get(..data.len().min(HEADER_BASE64) / 4 * 4)?;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(head.as_bytes())
         .ok()?;
-    crate::image::header_size(&bytes)
+    if let Some((w, h)) = crate::image::header_size(&bytes) {
+        return Some(tokenizer.image(w, h));
+    }
+    crate::audio::AudioType::sniff(&bytes)?;
+    let size = data.len() as u64 / 4 * 3;
+    Some(Tokenizer::audio(crate::audio::header_millis(&bytes), size))
 }
 
 #[cfg(test)]
@@ -193,6 +198,25 @@ mod tests {
 
     fn chain_of(body: &str, at_ms: u64) -> Chain {
         chain(body.as_bytes(), at_ms, &mut |p| p.len() as u64 * 100)
+    }
+
+    /// An audio file a part carries costs its length at 10 tokens a second (docs/audio.md),
+    /// read from a WAV's header; its base64 is no text.
+    #[test]
+    fn audio_in_a_part_is_counted_by_its_length() {
+        use base64::Engine;
+        let wav = crate::audio::tests::wav(2500);
+        let data = base64::engine::general_purpose::STANDARD.encode(&wav);
+        let part = |data: &str| {
+            format!(
+                r#"{{"role":"user","content":[{{"type":"input_audio","input_audio":{{"data":"{data}","format":"wav"}}}}]}}"#
+            )
+        };
+        let t = Tokenizer::O200k;
+        let bare = part_tokens(t, &part(""));
+        assert_eq!(part_tokens(t, &part(&data)), bare + 25);
+        let url = format!(r#"{{"text":"data:audio/wav;base64,{data}"}}"#);
+        assert_eq!(part_tokens(t, &url), part_tokens(t, r#"{"text":""}"#) + 25);
     }
 
     #[test]

@@ -364,12 +364,16 @@ pub(super) fn project_with(
         .collect();
     // Audio: its own gate, budgets and recent pruning; one delivery state (docs/audio.md).
     let audio = sounds::decide(view, ctx, &extracted, view.shapes.takes_audio(), &mut out);
-    out.delta = state::settle(
-        ctx.state,
-        &[candidates, audio.candidates].concat(),
-        &[decisions, audio.decisions].concat(),
-        &[embedded, audio.sent].concat(),
-    );
+    out.delta = if audio.candidates.is_empty() {
+        state::settle(ctx.state, &candidates, &decisions, &embedded)
+    } else {
+        state::settle(
+            ctx.state,
+            &[candidates, audio.candidates].concat(),
+            &[decisions, audio.decisions].concat(),
+            &[embedded, audio.sent].concat(),
+        )
+    };
     let mut tool_outcomes: Vec<Vec<Outcome>> = extracted
         .iter()
         .map(|e| vec![Outcome::Deferred; e.as_ref().map_or(0, |e| e.items.len())])
@@ -406,7 +410,7 @@ pub(super) fn project_with(
         let result = &view.tool_results[ri];
         let outcomes = &tool_outcomes[ri];
         let mut text = e.text.clone();
-        let heard = &audio.heard[ri];
+        let heard = audio.heard.get(ri).map_or(&[][..], Vec::as_slice);
         let notes = e
             .items
             .iter()

@@ -43,8 +43,8 @@ pub enum Heard {
     Retired,
 }
 
-/// Every audio file of the request decided: per tool result (by index in the view), one
-/// [`Heard`] per file; the candidates the delivery state tracks, with their decisions and
+/// Every audio file of the request decided: per tool result (by index in the view; empty when
+/// the request has no audio), one [`Heard`] per file; the candidates the delivery state tracks, with their decisions and
 /// whether each was sent, for the request's one `settle`.
 #[derive(Default)]
 pub(super) struct Decided {
@@ -63,6 +63,10 @@ pub(super) fn decide(
     takes_audio: bool,
     out: &mut Projection,
 ) -> Decided {
+    if extracted.iter().flatten().all(|e| e.audio.is_empty()) {
+        // The common case: nothing to decide, nothing allocated.
+        return Decided::default();
+    }
     let limits = ctx.policy.audio;
     let gate = match (ctx.policy.accepts_audio, takes_audio) {
         (false, _) => Some("this model does not accept audio"),
