@@ -51,13 +51,7 @@ fn request(d: D, text: &str) -> Value {
 }
 
 async fn send(sluice: &Sluice, d: D, body: &Value) -> String {
-    let response = client()
-        .post(sluice.url(d.path()))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let response = common::post_as(sluice, d.path(), KEY, body).await;
     assert_eq!(response.status().as_u16(), 200);
     let projection = response.headers()["x-sluice-projection"]
         .to_str()
@@ -265,16 +259,17 @@ async fn a_tool_result_without_audio_is_forwarded_byte_for_byte_p1() {
 /// `config_for` with `audio` in every route's `input_modalities`, and `extra` (TOML lines, such
 /// as a `[routes.audio]` table) on every route.
 fn audio_config(mock: &MockUpstream, extra: &str) -> String {
-    common::config_for(&mock.base_url(), "")
-        .lines()
-        .map(|line| {
-            if line.starts_with("upstream = \"") {
-                format!("{line}\ninput_modalities = [\"text\", \"image\", \"audio\"]\n{extra}\n")
-            } else {
-                format!("{line}\n")
-            }
-        })
-        .collect()
+    common::on_every_route(
+        &common::config_for(&mock.base_url(), ""),
+        &format!("input_modalities = [\"text\", \"image\", \"audio\"]\n{extra}"),
+    )
+}
+
+/// A WAV of `millis` ms as base64, and a tool result's text holding it as one MCP audio item.
+fn one_clip(millis: u32) -> (String, String) {
+    let data = b64(&wav(millis));
+    let text = json!({"content": [{"type": "audio", "data": data, "mimeType": "audio/wav"}]});
+    (data, text.to_string())
 }
 
 /// An Ogg file's first bytes: a container OpenAI's `input_audio` does not take.
@@ -400,9 +395,7 @@ async fn an_audio_route_sends_an_audio_item_once_then_a_placeholder_a3_a7() {
 async fn apis_without_audio_input_get_a_placeholder_on_an_audio_route_a1() {
     let mock = MockUpstream::start();
     let sluice = Sluice::start(&audio_config(&mock, ""));
-    let data = b64(&wav(400));
-    let text =
-        json!({"content": [{"type": "audio", "data": data, "mimeType": "audio/wav"}]}).to_string();
+    let (data, text) = one_clip(400);
     for d in [D::Responses, D::Anthropic] {
         let projection = send(&sluice, d, &request(d, &text)).await;
         assert!(projection.contains("placeholders=1"), "{d:?}: {projection}");
@@ -422,21 +415,13 @@ async fn apis_without_audio_input_get_a_placeholder_on_an_audio_route_a1() {
 async fn a_failed_request_consumes_no_audio_a9() {
     let mock = MockUpstream::start();
     let sluice = Sluice::start(&audio_config(&mock, ""));
-    let data = b64(&wav(300));
-    let text =
-        json!({"content": [{"type": "audio", "data": data, "mimeType": "audio/wav"}]}).to_string();
+    let (_, text) = one_clip(300);
     let body = request(D::Chat, &text);
     mock.script([Reply::Status(
         500,
         json!({"error": {"message": "upstream broke", "type": "server_error"}}).to_string(),
     )]);
-    let response = client()
-        .post(sluice.url(D::Chat.path()))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = common::post_as(&sluice, D::Chat.path(), KEY, &body).await;
     assert_eq!(response.status().as_u16(), 500);
     response.bytes().await.unwrap();
     assert_eq!(audio_parts(&mock.last().json()).len(), 1);
@@ -525,9 +510,7 @@ async fn audio_sent_once_can_be_heard_again_with_the_read_tool_c5() {
     let mock = MockUpstream::start();
     let sluice = Sluice::start(&audio_config(&mock, ""));
     mock.record(true);
-    let data = b64(&wav(700));
-    let text =
-        json!({"content": [{"type": "audio", "data": data, "mimeType": "audio/wav"}]}).to_string();
+    let (data, text) = one_clip(700);
     let body = request(D::Chat, &text);
     send(&sluice, D::Chat, &body).await;
     let id = artifacts(&mock.last().json().to_string()).pop().unwrap();
@@ -541,13 +524,7 @@ async fn audio_sent_once_can_be_heard_again_with_the_read_tool_c5() {
         Reply::Text("I heard it again.".into()),
     ]);
     let before = mock.requests().len();
-    let response = client()
-        .post(sluice.url(D::Chat.path()))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = common::post_as(&sluice, D::Chat.path(), KEY, &body).await;
     assert_eq!(response.status().as_u16(), 200, "the mock takes the round");
     let answer: Value = response.json().await.unwrap();
     assert_eq!(

@@ -76,19 +76,25 @@ upstream = "{upstream}"
     )
 }
 
-/// `config` with a `[routes.context]` table of `keys` (TOML lines) on every route: the context
-/// guard on.
-pub fn guard_routes(config: &str, keys: &str) -> String {
+/// `config` with `lines` (TOML) on every route, after its `upstream` key: where a route's own
+/// keys and tables go.
+pub fn on_every_route(config: &str, lines: &str) -> String {
     config
         .lines()
         .map(|line| {
             if line.starts_with("upstream = \"") {
-                format!("{line}\n[routes.context]\n{keys}")
+                format!("{line}\n{lines}\n")
             } else {
                 format!("{line}\n")
             }
         })
         .collect()
+}
+
+/// `config` with a `[routes.context]` table of `keys` (TOML lines) on every route: the context
+/// guard on.
+pub fn guard_routes(config: &str, keys: &str) -> String {
+    on_every_route(config, &format!("[routes.context]\n{keys}"))
 }
 
 impl Sluice {

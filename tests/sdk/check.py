@@ -137,31 +137,39 @@ def messages(client):
         expect(e.status_code == 529, "messages: provider 529 reaches the SDK")
 
 
+def histories(ask, tool, output):
+    """One tool call of `tool` answered by `output`, after the user's `ask`, in each dialect's
+    history: chat messages, Responses input items, Anthropic messages."""
+    chat = [
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": tool, "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+    ]
+    responses = [
+        {"role": "user", "content": ask},
+        {"type": "function_call", "call_id": "c1", "name": tool, "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": output},
+    ]
+    anthropic = [
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": tool, "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": output}]},
+    ]
+    return chat, responses, anthropic
+
+
 def text_exit(oa, an, output):
     """A long tool output in each dialect's history, streamed and not (SPEC section 3). The
     Rust side checks what reached the provider."""
-    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-    history = [
-        {"role": "user", "content": "run the tests"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": output},
-    ]
+    history, items, messages = histories("run the tests", "bash", output)
     r = oa.chat.completions.create(model="gpt-4o", messages=history)
     expect(r.choices[0].message.content == "Hello from the mock.", "text exit: chat")
     with oa.chat.completions.stream(model="gpt-4o", messages=history) as stream:
         stream.get_final_completion()
     expect(True, "text exit: chat streamed")
-    r = oa.responses.create(model="gpt-5", input=[
-        {"role": "user", "content": "run the tests"},
-        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": output},
-    ])
+    r = oa.responses.create(model="gpt-5", input=items)
     expect(r.status == "completed", "text exit: responses")
-    messages = [
-        {"role": "user", "content": "run the tests"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "bash", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": output}]},
-    ]
     m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)
     expect(m.content[0].text == "Hello from the mock.", "text exit: messages")
     with an.messages.stream(model="claude-sonnet-4-5", max_tokens=64, messages=messages) as stream:
@@ -197,25 +205,11 @@ def audio(oa, an, wav_b64):
     message), the other APIs never (docs/audio.md)."""
     mcp = json.dumps({"content": [{"type": "text", "text": "recorded the call"},
                                   {"type": "audio", "data": wav_b64, "mimeType": "audio/wav"}]})
-    history = [
-        {"role": "user", "content": "record the call"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "record", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": mcp},
-    ]
+    history, items, messages = histories("record the call", "record", mcp)
     with oa.chat.completions.stream(model="gpt-4o-audio-preview", messages=history) as stream:
         expect(stream.get_final_completion().choices[0].finish_reason == "stop", "audio: chat stream completed")
-    r = oa.responses.create(model="gpt-5", input=[
-        {"role": "user", "content": "record the call"},
-        {"type": "function_call", "call_id": "call_1", "name": "record", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "call_1", "output": mcp},
-    ])
+    r = oa.responses.create(model="gpt-5", input=items)
     expect(r.output_text == "Hello from the mock.", "audio: responses answered")
-    messages = [
-        {"role": "user", "content": "record the call"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "record", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": mcp}]},
-    ]
     m = an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)
     expect(m.stop_reason == "end_turn", "audio: anthropic answered")
 
