@@ -337,10 +337,19 @@ impl Metrics {
         let audio_total = IntCounterVec::new(
             Opts::new(
                 "sluice_audio_total",
-                "Audio items in tool results by outcome (placeholder, refused) and reason.",
+                "Audio items in tool results by outcome (embedded, deferred, placeholder, refused) and reason.",
             ),
             &["outcome", "reason"],
         )?;
+        // The outcomes every audio route has, present from startup (the dashboard's series).
+        for (outcome, reason) in [
+            ("embedded", ""),
+            ("deferred", "budget"),
+            ("placeholder", "no_audio_input"),
+            ("placeholder", "shown_before"),
+        ] {
+            audio_total.with_label_values(&[outcome, reason]);
+        }
         registry.register(Box::new(audio_total.clone()))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(

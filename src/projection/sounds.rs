@@ -123,8 +123,10 @@ pub(super) fn decide(
     d.decisions = state::plan(ctx.state, &d.candidates, recent);
     let (mut count, mut total) = (0usize, 0u64);
     for (&(ri, si), decision) in places.iter().zip(&d.decisions) {
-        let sound = &extracted[ri].as_ref().map(|e| &e.audio[si]);
-        let (heard, sent) = match (decision, sound.and_then(|s| s.checked.as_ref().ok())) {
+        let audio = extracted[ri]
+            .as_ref()
+            .and_then(|e| e.audio.get(si)?.checked.as_ref().ok());
+        let (heard, sent) = match (decision, audio) {
             (Decision::Eligible, Some(audio)) => {
                 let size = audio.bytes.len() as u64;
                 if count < limits.max_audio && total + size <= limits.max_total_bytes {
