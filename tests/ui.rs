@@ -4,7 +4,7 @@
 //! the hidden round spliced back on the next turn — then the page is opened, the key entered,
 //! the session picked: the turn view shows each of them, the thumbnails load, the savings panel
 //! matches the API. A screenshot is saved as `target/inspector-ui.png`. Another tenant's key
-//! shows no session.
+//! shows no session. A turn's audio plays from its artifact.
 //!
 //! Ignored by default (it needs `chromium` and `chromium-driver`); `.ci/run` installs both and
 //! runs it: `cargo test --test ui -- --ignored`.
@@ -291,4 +291,73 @@ async fn the_page_shows_a_sessions_turns_images_reads_and_savings() {
         .js("return document.querySelectorAll('#sessions tbody tr').length")
         .await;
     assert_eq!(rows, 0);
+}
+
+/// The page plays what a turn's tool results carried as audio (docs/audio.md): one file sent to
+/// the model on an audio route, one refused; the player loads the artifact with the key and
+/// reads its length.
+#[tokio::test]
+#[ignore = "needs chromium and chromium-driver: .ci/run installs them"]
+async fn the_page_plays_a_turns_audio() {
+    let mock = MockUpstream::start();
+    let config = common::on_every_route(
+        &config_for(&mock.base_url(), "[inspector]\nenabled = true\n"),
+        "input_modalities = [\"text\", \"audio\"]",
+    );
+    let sluice = Sluice::start(&config);
+    // A mono 16-bit 8 kHz WAV of 1.5 s.
+    let mut wav = b"RIFF".to_vec();
+    wav.extend_from_slice(&(36u32 + 24_000).to_le_bytes());
+    wav.extend_from_slice(
+        b"WAVEfmt \x10\0\0\0\x01\0\x01\0\x40\x1f\0\0\x80\x3e\0\0\x02\0\x10\0data",
+    );
+    wav.extend_from_slice(&24_000u32.to_le_bytes());
+    wav.extend((0..24_000u32).map(|i| ((i * 7) % 256) as u8));
+    let clip = common::b64(&wav);
+    let text = json!({"content": [
+        {"type": "audio", "data": clip, "mimeType": "audio/wav"},
+        {"type": "audio", "data": clip, "mimeType": "audio/mpeg"}]})
+    .to_string();
+    let body = json!({"model": "gpt-4o-audio-preview", "messages": [
+        {"role": "user", "content": "Listen."},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "record", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": text}]});
+    let response = common::post_as(&sluice, "/v1/chat/completions", KEY, &body).await;
+    assert_eq!(response.status().as_u16(), 200);
+    response.bytes().await.unwrap();
+    let list: Value = get_as(&sluice, "/v1/sluice/sessions", KEY)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = list["sessions"][0]["id"].as_str().unwrap().to_string();
+
+    let browser = Browser::start().await;
+    browser.open(&sluice.url("/sluice/ui")).await;
+    browser.type_into("#key", KEY).await;
+    browser.click("#key-form button[type=submit]").await;
+    let row = format!("#sessions tbody button[data-session='{id}']");
+    browser
+        .until(
+            &format!("return document.querySelector(\"{row}\")?.textContent"),
+            "the session",
+        )
+        .await;
+    browser.click(&row).await;
+    let fates = browser
+        .until(
+            "const f = [...document.querySelectorAll('[data-audio-fate]')]; return f.length === 2 && f.map(x => x.dataset.audioFate)",
+            "the audio",
+        )
+        .await;
+    assert_eq!(fates, json!(["embedded", "refused"]));
+    let length = browser
+        .until(
+            "const a = document.querySelectorAll('audio[data-artifact]'); return a.length === 1 && a[0].readyState >= 1 && a[0].duration",
+            "the player's metadata",
+        )
+        .await;
+    let seconds = length.as_f64().unwrap();
+    assert!((seconds - 1.5).abs() < 0.01, "{seconds}");
 }

@@ -45,7 +45,7 @@ function artifactText(id) {
 }
 
 /** An image artifact as an object URL, fetched once. */
-function artifactImage(id) {
+function artifactBlob(id) {
   if (!state.blobs.has(id)) {
     state.blobs.set(id, api(`/v1/sluice/artifacts/${encodeURIComponent(id)}`, "blob").then((b) => URL.createObjectURL(b)));
   }
@@ -150,7 +150,19 @@ function imageFigure(img) {
   if (img.artifact) {
     const picture = el("img", { alt: `image, ${caption}`, "data-artifact": img.artifact });
     figure.prepend(picture);
-    artifactImage(img.artifact).then((url) => { picture.src = url; }, () => { picture.alt = "image expired"; });
+    artifactBlob(img.artifact).then((url) => { picture.src = url; }, () => { picture.alt = "image expired"; });
+  }
+  return figure;
+}
+
+function audioFigure(a) {
+  const length = a.millis ? ` ${(a.millis / 1000).toFixed(1)} s` : "";
+  const caption = `${a.fate}${a.reason ? ` (${a.reason})` : ""}${length}`;
+  const figure = el("figure", { "data-fate": a.fate, "data-audio-fate": a.fate }, el("figcaption", {}, caption));
+  if (a.artifact) {
+    const player = el("audio", { controls: true, preload: "metadata", "data-artifact": a.artifact });
+    figure.prepend(player);
+    artifactBlob(a.artifact).then((url) => { player.src = url; }, () => { figure.append(" (expired)"); });
   }
   return figure;
 }
@@ -178,8 +190,8 @@ function turnView(turn, n) {
   }
   if (turn.audio && turn.audio.length) {
     extras.push(el("div", { class: "extra", "data-audio": String(turn.audio.length) },
-      "Audio in tool results (stored; sent to the model only when embedded): ",
-      turn.audio.map((a) => `${a.fate}${a.reason ? ` (${a.reason})` : ""}${a.artifact ? ` ${a.artifact}` : ""}`).join(", ")));
+      el("h4", {}, "Audio (stored; sent to the model when embedded)"),
+      el("div", { class: "thumbs" }, turn.audio.map(audioFigure))));
   }
   if (turn.reads.length) {
     extras.push(el("div", { class: "extra", "data-reads": String(turn.reads.length) },

@@ -32,9 +32,9 @@ const PAGE: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The page may load only its own files and talk only to this origin; images it shows are
-/// blobs it fetched with the key.
-const POLICY: &str = "default-src 'self'; img-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+/// The page may load only its own files and talk only to this origin; images and audio it shows
+/// are blobs it fetched with the key.
+const POLICY: &str = "default-src 'self'; img-src 'self' blob:; media-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 impl App {
     /// `GET /v1/sluice/sessions[/{id}]`: JSON, the caller's tenant only. No credential: 401;
