@@ -360,4 +360,7 @@ async fn the_page_plays_a_turns_audio() {
         .await;
     let seconds = length.as_f64().unwrap();
     assert!((seconds - 1.5).abs() < 0.01, "{seconds}");
+    let target =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inspector-audio.png");
+    browser.screenshot(&target).await;
 }

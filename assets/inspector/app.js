@@ -123,7 +123,7 @@ const FATES = {
   untouched: "as sent",
   spilled: "its first page and a notice; the rest is in the artifact",
   retired: "one line: retired by the context guard",
-  media: "its text, with its images taken out",
+  media: "its text, with its images or audio taken out",
 };
 
 function resultRow(r, i) {
