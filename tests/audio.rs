@@ -138,12 +138,7 @@ async fn the_inspector_records_audio_fates() {
         {"type": "audio", "data": good, "mimeType": "audio/mpeg"}]})
     .to_string();
     send(&sluice, D::Anthropic, &request(D::Anthropic, &text)).await;
-    let list: Value = get_as(&sluice, "/v1/sluice/sessions", KEY)
-        .await
-        .json()
-        .await
-        .unwrap();
-    let id = list["sessions"][0]["id"].as_str().unwrap().to_string();
+    let id = common::newest_session(&sluice, KEY).await;
     let record: Value = get_as(&sluice, &format!("/v1/sluice/sessions/{id}"), KEY)
         .await
         .json()

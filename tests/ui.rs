@@ -153,6 +153,20 @@ impl Browser {
         panic!("the page never showed {what} (status: {status})");
     }
 
+    /// Opens the page, enters the key and picks session `id` from the list.
+    async fn open_session(&self, sluice: &Sluice, id: &str) {
+        self.open(&sluice.url("/sluice/ui")).await;
+        self.type_into("#key", KEY).await;
+        self.click("#key-form button[type=submit]").await;
+        let row = format!("#sessions tbody button[data-session='{id}']");
+        self.until(
+            &format!("return document.querySelector(\"{row}\")?.textContent"),
+            "the session",
+        )
+        .await;
+        self.click(&row).await;
+    }
+
     async fn screenshot(&self, path: &std::path::Path) {
         let png = self
             .call(reqwest::Method::GET, "/screenshot", Value::Null)
@@ -193,17 +207,7 @@ async fn the_page_shows_a_sessions_turns_images_reads_and_savings() {
     let id = head["id"].as_str().unwrap().to_string();
 
     let browser = Browser::start().await;
-    browser.open(&sluice.url("/sluice/ui")).await;
-    browser.type_into("#key", KEY).await;
-    browser.click("#key-form button[type=submit]").await;
-    let row = format!("#sessions tbody button[data-session='{id}']");
-    browser
-        .until(
-            &format!("return document.querySelector(\"{row}\")?.textContent"),
-            "the session",
-        )
-        .await;
-    browser.click(&row).await;
+    browser.open_session(&sluice, &id).await;
     browser
         .until(
             "return document.querySelectorAll('#turns > li').length === 3",
@@ -326,25 +330,10 @@ async fn the_page_plays_a_turns_audio() {
     let response = common::post_as(&sluice, "/v1/chat/completions", KEY, &body).await;
     assert_eq!(response.status().as_u16(), 200);
     response.bytes().await.unwrap();
-    let list: Value = get_as(&sluice, "/v1/sluice/sessions", KEY)
-        .await
-        .json()
-        .await
-        .unwrap();
-    let id = list["sessions"][0]["id"].as_str().unwrap().to_string();
+    let id = common::newest_session(&sluice, KEY).await;
 
     let browser = Browser::start().await;
-    browser.open(&sluice.url("/sluice/ui")).await;
-    browser.type_into("#key", KEY).await;
-    browser.click("#key-form button[type=submit]").await;
-    let row = format!("#sessions tbody button[data-session='{id}']");
-    browser
-        .until(
-            &format!("return document.querySelector(\"{row}\")?.textContent"),
-            "the session",
-        )
-        .await;
-    browser.click(&row).await;
+    browser.open_session(&sluice, &id).await;
     let fates = browser
         .until(
             "const f = [...document.querySelectorAll('[data-audio-fate]')]; return f.length === 2 && f.map(x => x.dataset.audioFate)",

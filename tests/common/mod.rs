@@ -364,6 +364,16 @@ fn image_block(w: u32, h: u32) -> serde_json::Value {
         "data": b64(&picture(w, h, image::ImageFormat::Png))}})
 }
 
+/// The id of the newest session the inspector lists for `key`.
+pub async fn newest_session(sluice: &Sluice, key: &str) -> String {
+    let list: serde_json::Value = get_as(sluice, "/v1/sluice/sessions", key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    list["sessions"][0]["id"].as_str().unwrap().to_string()
+}
+
 /// Three turns of an Anthropic agent as `key` in `session`, for the inspector's tests: a long
 /// build log (read on in a hidden round), then a screenshot (`recent`) and an image viewer's
 /// picture (`once`), then a short output.
