@@ -52,6 +52,14 @@ impl AudioType {
         }
     }
 
+    /// The type whose media type [`AudioType::mime`] is `mime`.
+    pub fn of_mime(mime: &str) -> Option<AudioType> {
+        use AudioType::*;
+        [Wav, Mp3, Ogg, Flac, Webm, Mp4]
+            .into_iter()
+            .find(|t| t.mime() == mime)
+    }
+
     /// The type from the first bytes of a file.
     pub fn sniff(bytes: &[u8]) -> Option<AudioType> {
         let at = |from: usize, magic: &[u8]| bytes.get(from..from + magic.len()) == Some(magic);

@@ -363,7 +363,7 @@ pub(super) fn project_with(
         .map(|o| matches!(o, Outcome::Embed(_) | Outcome::KeepRemote))
         .collect();
     // Audio: its own gate, budgets and recent pruning; one delivery state (docs/audio.md).
-    let audio = sounds::decide(view, ctx, &extracted, view.shapes.takes_audio(), &mut out);
+    let audio = sounds::decide(view, ctx, &extracted, &mut out);
     out.delta = if audio.candidates.is_empty() {
         state::settle(ctx.state, &candidates, &decisions, &embedded)
     } else {

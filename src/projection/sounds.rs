@@ -55,12 +55,10 @@ pub(super) struct Decided {
 }
 
 /// Decides the request's audio and records its artifacts, events and summary counts in `out`.
-/// `takes_audio`: the dialect has an audio part (OpenAI chat).
 pub(super) fn decide(
     view: &RequestView<'_>,
     ctx: &Context<'_>,
     extracted: &[Option<Arc<Extracted>>],
-    takes_audio: bool,
     out: &mut Projection,
 ) -> Decided {
     if extracted.iter().flatten().all(|e| e.audio.is_empty()) {
@@ -68,7 +66,7 @@ pub(super) fn decide(
         return Decided::default();
     }
     let limits = ctx.policy.audio;
-    let gate = match (ctx.policy.accepts_audio, takes_audio) {
+    let gate = match (ctx.policy.accepts_audio, view.shapes.takes_audio()) {
         (false, _) => Some("this model does not accept audio"),
         (true, false) => Some("this API takes no audio input"),
         (true, true) => None,
@@ -78,7 +76,8 @@ pub(super) fn decide(
         ..Decided::default()
     };
     // First each file on its own: refused, gated, or a candidate for the delivery state.
-    let mut places: Vec<(usize, usize)> = Vec::new();
+    // Where each candidate stands (result, file), its size and the format it is sent in.
+    let mut places: Vec<(usize, usize, u64, &'static str)> = Vec::new();
     for (ri, e) in extracted.iter().enumerate() {
         let Some(e) = e else { continue };
         let result = &view.tool_results[ri];
@@ -92,9 +91,9 @@ pub(super) fn decide(
             let heard = match (&sound.checked, gate) {
                 (Err(refusal), _) => Heard::Refused(None, refusal.reason()),
                 (Ok(_), Some(why)) => Heard::Gated(why),
-                (Ok(audio), None) => match own_limit(audio, limits) {
-                    Some(refused) => refused,
-                    None => {
+                (Ok(audio), None) => match sendable(audio, limits) {
+                    Err(refused) => refused,
+                    Ok(format) => {
                         let lifetime = lifetime_of(
                             sound.lifetime,
                             result.tool_name.as_deref(),
@@ -107,7 +106,7 @@ pub(super) fn decide(
                             lifetime,
                             showable: true,
                         });
-                        places.push((ri, si));
+                        places.push((ri, si, audio.bytes.len() as u64, format));
                         Heard::Deferred
                     }
                 },
@@ -122,28 +121,17 @@ pub(super) fn decide(
     };
     d.decisions = state::plan(ctx.state, &d.candidates, recent);
     let (mut count, mut total) = (0usize, 0u64);
-    for (&(ri, si), decision) in places.iter().zip(&d.decisions) {
-        let audio = extracted[ri]
-            .as_ref()
-            .and_then(|e| e.audio.get(si)?.checked.as_ref().ok());
-        let (heard, sent) = match (decision, audio) {
-            (Decision::Eligible, Some(audio)) => {
-                let size = audio.bytes.len() as u64;
-                if count < limits.max_audio && total + size <= limits.max_total_bytes {
-                    count += 1;
-                    total += size;
-                    (
-                        Heard::Sent(audio.kind.input_format().unwrap_or("wav")),
-                        true,
-                    )
-                } else {
-                    (Heard::Deferred, false)
-                }
+    for (&(ri, si, size, format), decision) in places.iter().zip(&d.decisions) {
+        let (heard, sent) = match decision {
+            Decision::Eligible
+                if count < limits.max_audio && total + size <= limits.max_total_bytes =>
+            {
+                count += 1;
+                total += size;
+                (Heard::Sent(format), true)
             }
-            (Decision::Eligible | Decision::NotShowable, _) => (Heard::Deferred, false),
-            (Decision::Consumed | Decision::Pruned | Decision::Released, _) => {
-                (Heard::Retired, false)
-            }
+            Decision::Eligible | Decision::NotShowable => (Heard::Deferred, false),
+            Decision::Consumed | Decision::Pruned | Decision::Released => (Heard::Retired, false),
         };
         d.heard[ri][si] = heard;
         d.sent.push(sent);
@@ -167,23 +155,27 @@ pub(super) fn decide(
     d
 }
 
-/// A file this route can never send (A6): a container its API does not take, or over the
-/// per-file or per-request byte budget.
-fn own_limit(audio: &crate::audio::CheckedAudio, limits: &AudioLimits) -> Option<Heard> {
-    if audio.kind.input_format().is_none() {
+/// The format a file is sent in (`input_audio`'s `wav` or `mp3`); or why this route can never
+/// send it (A6): a container its API does not take, or over the per-file or per-request bytes.
+fn sendable(
+    audio: &crate::audio::CheckedAudio,
+    limits: &AudioLimits,
+) -> Result<&'static str, Heard> {
+    let Some(format) = audio.kind.input_format() else {
         let why = format!("this API takes WAV or MP3 audio, not {}", audio.kind.name());
-        return Some(Heard::Refused(Some(why), "unsupported_format"));
-    }
+        return Err(Heard::Refused(Some(why), "unsupported_format"));
+    };
     let size = audio.bytes.len() as u64;
     let cap = limits.max_audio_bytes.min(limits.max_total_bytes);
-    (size > cap).then(|| {
+    if size > cap {
         let why = format!(
             "{} KB is over this route's audio limit of {} KB",
             size.div_ceil(1024),
             cap / 1024
         );
-        Heard::Refused(Some(why), "too_large")
-    })
+        return Err(Heard::Refused(Some(why), "too_large"));
+    }
+    Ok(format)
 }
 
 /// An audio file's identity in the delivery state: its source, its number there and its

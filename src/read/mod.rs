@@ -112,11 +112,7 @@ pub struct Media {
 impl Media {
     /// The `input_audio` format of an audio file (`wav`, `mp3`); `None` for an image.
     pub fn audio_format(&self) -> Option<&'static str> {
-        match self.mime {
-            "audio/wav" => Some("wav"),
-            "audio/mpeg" => Some("mp3"),
-            _ => None,
-        }
+        crate::audio::AudioType::of_mime(self.mime)?.input_format()
     }
 }
 
