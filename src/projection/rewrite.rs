@@ -64,7 +64,18 @@ pub(super) fn render_tool_content(
     {
         text_json
     } else {
-        format!("[{}]", parts.join(","))
+        // One buffer: an embedded image's base64 is copied once more here, not twice.
+        let mut content =
+            String::with_capacity(parts.iter().map(|p| p.len() + 1).sum::<usize>() + 2);
+        content.push('[');
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                content.push(',');
+            }
+            content.push_str(part);
+        }
+        content.push(']');
+        content
     };
     (content, after_turn)
 }

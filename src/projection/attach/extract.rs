@@ -338,31 +338,41 @@ struct Part<'a> {
     #[serde(borrow)]
     cache_control: Option<&'a RawValue>,
     /// Anthropic: `{"type":"base64","media_type","data"}` or `{"type":"url","url"}`.
-    source: Option<Source>,
+    #[serde(borrow)]
+    source: Option<Source<'a>>,
     /// Responses: a data URL or a remote URL.
-    image_url: Option<ImageUrl>,
+    #[serde(borrow)]
+    image_url: Option<ImageUrl<'a>>,
     #[serde(borrow, rename = "_meta")]
     meta: Option<&'a RawValue>,
 }
 
+/// Borrowed from the body where the JSON has no escapes, as base64 has none: a screenshot's
+/// megabyte is not copied to be read.
 #[derive(serde::Deserialize)]
-struct Source {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    media_type: Option<String>,
-    data: Option<String>,
-    url: Option<String>,
+struct Source<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    media_type: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    data: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    url: Option<Cow<'a, str>>,
 }
 
 /// Responses puts a string here; chat an object `{url, detail}`.
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
-enum ImageUrl {
-    Plain(String),
-    Object { url: String },
+enum ImageUrl<'a> {
+    Plain(#[serde(borrow)] Cow<'a, str>),
+    Object {
+        #[serde(borrow)]
+        url: Cow<'a, str>,
+    },
 }
 
-impl ImageUrl {
+impl ImageUrl<'_> {
     fn url(&self) -> &str {
         match self {
             ImageUrl::Plain(u) | ImageUrl::Object { url: u } => u,

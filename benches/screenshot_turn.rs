@@ -1,0 +1,184 @@
+//! A screenshot session's turns in-process (runtime issue): a Claude-Code-shaped Anthropic
+//! session where each turn's tool result brings one new 1280×800 JPEG and the history keeps
+//! the earlier ones, delivered once and remembered (so shown as placeholders). Each turn is
+//! projected with its session's state and the process's memos, as the front does, and each
+//! stage timed: reading the view, finding and checking the images (`prepare`), planning, and
+//! splicing. Printed: each stage's median over turns 2 to 30, their sum, and the baseline of
+//! the same run, decoding the new image's base64 twice.
+//!
+//! Run: `cargo bench --bench screenshot_turn` (`TURNS`, `ROUNDS` to change the session's length
+//! and how many sessions are run).
+
+#![allow(clippy::unwrap_used)] // benchmark code: fail loudly
+
+/// The binary's allocator (src/main.rs), so fresh buffers cost here what they cost in service.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::json;
+use sluice::config::RouteConfig;
+use sluice::dialect::Dialect;
+use sluice::memo::Memo;
+use sluice::projection::attach::state::{apply, SessionState};
+use sluice::projection::{project_prepared, splice, Context, Prepared};
+use sluice::tenant::Tenant;
+
+/// A screenshot-like JPEG: coarse noise scaled up (flat areas and edges, as a page has), a
+/// different one for every `seed`.
+fn screenshot(seed: u32) -> String {
+    let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        state
+    };
+    let small = image::RgbImage::from_fn(320, 200, |_, _| {
+        let v = next();
+        image::Rgb([(v >> 24) as u8, (v >> 16) as u8, (v >> 8) as u8])
+    });
+    let big = image::imageops::resize(&small, 1280, 800, image::imageops::FilterType::Triangle);
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 92)
+        .encode_image(&big)
+        .unwrap();
+    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
+}
+
+/// The request at turn `turns`: one tool call per turn, each returning a screenshot.
+fn request(turns: usize, shots: &[String]) -> Bytes {
+    let mut messages = vec![json!({"role": "user", "content": "Look at the page."})];
+    for (k, shot) in shots.iter().enumerate().take(turns) {
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": format!("t{k}"), "name": "screenshot", "input": {}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{k}"),
+            "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": shot}}]}]}));
+    }
+    Bytes::from(
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": messages}).to_string(),
+    )
+}
+
+/// The stages' times of one turn, and the baseline's.
+#[derive(Default, Clone, Copy)]
+struct Times {
+    view: Duration,
+    prepare: Duration,
+    plan: Duration,
+    splice: Duration,
+    baseline: Duration,
+}
+
+fn session(turns: usize, seed: u32) -> Vec<Times> {
+    let shots: Vec<String> = (0..turns as u32)
+        .map(|k| screenshot(seed * 1000 + k))
+        .collect();
+    let tenant = Tenant::from_credential(b"bench");
+    let route = RouteConfig::default();
+    let memo = Memo::default();
+    let mut state = SessionState::default();
+    let mut out = Vec::new();
+    for turn in 1..=turns {
+        let body = request(turn, &shots);
+        let engine = base64::engine::general_purpose::STANDARD;
+        let at = Instant::now();
+        black_box(engine.decode(black_box(&shots[turn - 1])).unwrap());
+        black_box(engine.decode(black_box(&shots[turn - 1])).unwrap());
+        let baseline = at.elapsed();
+
+        let at = Instant::now();
+        let view = Dialect::AnthropicMessages.read_view(&body).unwrap();
+        let viewed = at.elapsed();
+        let prepared = Prepared::new(&view, &tenant, &memo);
+        let prepared_at = at.elapsed();
+        let ctx = Context {
+            tenant: &tenant,
+            policy: route.policy(&route.read_tool),
+            memo: &memo,
+            state: &state,
+        };
+        let projection = project_prepared(&view, &ctx, prepared);
+        let planned = at.elapsed();
+        let forwarded = splice(&body, projection.edits).unwrap();
+        let spliced = at.elapsed();
+        black_box(forwarded);
+        drop(view);
+        for (k, v) in projection.memos {
+            memo.insert_page(k, v);
+        }
+        apply(&mut state, &projection.delta, turn as u64);
+        out.push(Times {
+            view: viewed,
+            prepare: prepared_at - viewed,
+            plan: planned - prepared_at,
+            splice: spliced - planned,
+            baseline,
+        });
+    }
+    out
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    let number = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (turns, rounds) = (number("TURNS", 30), number("ROUNDS", 3));
+    println!(
+        "jpeg base64 bytes: {} (1280x800, quality 92)",
+        screenshot(0).len()
+    );
+    for round in 0..rounds {
+        let times = session(turns, round as u32 + 1);
+        let later = &times[1.min(times.len())..];
+        let stage = |f: fn(&Times) -> Duration| median(later.iter().map(f).collect());
+        let totals = median(
+            later
+                .iter()
+                .map(|t| t.view + t.prepare + t.plan + t.splice)
+                .collect(),
+        );
+        let baseline = stage(|t| t.baseline);
+        println!(
+            "screenshot_turn round {round}: median of turns 2-{turns}: view {:.2} ms, prepare {:.2} ms, \
+             plan {:.2} ms, splice {:.2} ms; total {:.2} ms; base64 decoded twice {:.2} ms \
+             (total {:.1}x, prepare {:.1}x)",
+            ms(stage(|t| t.view)),
+            ms(stage(|t| t.prepare)),
+            ms(stage(|t| t.plan)),
+            ms(stage(|t| t.splice)),
+            ms(totals),
+            ms(baseline),
+            totals.as_secs_f64() / baseline.as_secs_f64(),
+            stage(|t| t.prepare).as_secs_f64() / baseline.as_secs_f64(),
+        );
+        if std::env::var_os("EACH").is_some() {
+            for (k, t) in times.iter().enumerate() {
+                println!(
+                    "  turn {}: view {:.2} prepare {:.2} plan {:.2} splice {:.2}",
+                    k + 1,
+                    ms(t.view),
+                    ms(t.prepare),
+                    ms(t.plan),
+                    ms(t.splice)
+                );
+            }
+        }
+    }
+}
