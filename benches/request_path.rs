@@ -343,15 +343,15 @@ fn images(c: &mut Criterion) {
     group.bench_function("extract_and_check/2mb_screenshot", |b| {
         b.iter(|| {
             black_box(sluice::projection::attach::extract::tool_result(
-                black_box(&content),
+                black_box(&*content).into(),
                 &tenant,
             ))
         })
     });
     let memo = Memo::default();
-    memo.tool_images(&content, &tenant);
+    memo.tool_images((&*content).into(), &tenant);
     group.bench_function("extract_and_check_remembered/2mb_screenshot", |b| {
-        b.iter(|| black_box(memo.tool_images(black_box(&content), &tenant)))
+        b.iter(|| black_box(memo.tool_images(black_box(&*content).into(), &tenant)))
     });
     let photo = {
         let mut out = std::io::Cursor::new(Vec::new());

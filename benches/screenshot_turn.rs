@@ -2,7 +2,8 @@
 //! session where each turn's tool result brings one new 1280×800 JPEG and the history keeps
 //! the earlier ones, delivered once and remembered (so shown as placeholders). Each turn is
 //! projected with its session's state and the process's memos, as the front does, and each
-//! stage timed: reading the view, finding and checking the images (`prepare`), planning, and
+//! stage timed: reading the view (resumed from the previous turn's reading; the whole reading is
+//! timed beside it), finding and checking the images (`prepare`), planning, and
 //! splicing. Printed: each stage's median over turns 2 to 30, their sum, and the baseline of
 //! the same run, decoding the new image's base64 twice.
 //!
@@ -22,6 +23,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::json;
 use sluice::config::RouteConfig;
+use sluice::dialect::resume::Resumes;
 use sluice::dialect::Dialect;
 use sluice::memo::Memo;
 use sluice::projection::attach::state::{apply, SessionState};
@@ -67,6 +69,8 @@ fn request(turns: usize, shots: &[String]) -> Bytes {
 /// The stages' times of one turn, and the baseline's.
 #[derive(Default, Clone, Copy)]
 struct Times {
+    /// The view read whole, as before the resumed view (not used further).
+    whole: Duration,
     view: Duration,
     prepare: Duration,
     plan: Duration,
@@ -82,6 +86,7 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
     let route = RouteConfig::default();
     let memo = Memo::default();
     let mut state = SessionState::default();
+    let resumes = Resumes::default();
     let mut out = Vec::new();
     for turn in 1..=turns {
         let body = request(turn, &shots);
@@ -92,7 +97,14 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
         let baseline = at.elapsed();
 
         let at = Instant::now();
-        let view = Dialect::AnthropicMessages.read_view(&body).unwrap();
+        black_box(Dialect::AnthropicMessages.read_view(&body).unwrap());
+        let whole = at.elapsed();
+
+        let at = Instant::now();
+        let view = Dialect::AnthropicMessages
+            .read_view_resumed(&body, &resumes)
+            .unwrap()
+            .0;
         let viewed = at.elapsed();
         let prepared = Prepared::new(&view, &tenant, &memo);
         let prepared_at = at.elapsed();
@@ -113,6 +125,7 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
         }
         apply(&mut state, &projection.delta, turn as u64);
         out.push(Times {
+            whole,
             view: viewed,
             prepare: prepared_at - viewed,
             plan: planned - prepared_at,
@@ -156,10 +169,11 @@ fn main() {
         );
         let baseline = stage(|t| t.baseline);
         println!(
-            "screenshot_turn round {round}: median of turns 2-{turns}: view {:.2} ms, prepare {:.2} ms, \
-             plan {:.2} ms, splice {:.2} ms; total {:.2} ms; base64 decoded twice {:.2} ms \
+            "screenshot_turn round {round}: median of turns 2-{turns}: view {:.2} ms (read whole {:.2} ms), \
+             prepare {:.2} ms, plan {:.2} ms, splice {:.2} ms; total {:.2} ms; base64 decoded twice {:.2} ms \
              (total {:.1}x, prepare {:.1}x)",
             ms(stage(|t| t.view)),
+            ms(stage(|t| t.whole)),
             ms(stage(|t| t.prepare)),
             ms(stage(|t| t.plan)),
             ms(stage(|t| t.splice)),

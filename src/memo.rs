@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 
 use crate::image::{Checked, Refusal};
 use crate::projection::attach::extract::Extracted;
 use crate::projection::attach::{Item, Media};
 use crate::projection::exit::Memoized;
 use crate::projection::memos::{Fresh, Memos};
+use crate::projection::Raw;
 use crate::tenant::Tenant;
 
 /// Projected tool results, bounded by the bytes of their replacements.
@@ -121,7 +121,7 @@ impl Memos for Memo {
         self.pages.get(&key)
     }
 
-    fn tool_images(&self, content: &RawValue, tenant: &Tenant) -> Option<Arc<Extracted>> {
+    fn tool_images(&self, content: Raw<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
         // A hash and a lookup first: agents resend their history every turn, and a result seen
         // before, with or without images, costs no search (xxh3 is much faster than the byte
         // search for image markers on text full of near-matches).
@@ -132,14 +132,14 @@ impl Memos for Memo {
 
     fn known_tool_images(
         &self,
-        content: &RawValue,
+        content: Raw<'_>,
         tenant: &Tenant,
     ) -> Option<Option<Arc<Extracted>>> {
         self.extracted
             .get(&self.key(tenant, &[content.get().as_bytes()]))
     }
 
-    fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
+    fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
         let key = self.key(tenant, &[&(k as u64).to_le_bytes(), part.get().as_bytes()]);
         self.users
             .get_with(key, || Fresh.user_image(part, k, tenant))

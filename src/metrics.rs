@@ -105,6 +105,9 @@ pub struct Metrics {
     pub inspector_dropped_total: IntCounter,
     /// Audio items in tool results by outcome (`placeholder`, `refused`) and reason.
     pub audio_total: IntCounterVec,
+    /// Request bodies' bytes by how their view read them: `resumed` (an earlier turn of the
+    /// conversation had read them: hashed, not parsed again) or `scanned`.
+    pub view_bytes_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -334,6 +337,14 @@ impl Metrics {
         registry.register(Box::new(input_cost_tokens_total.clone()))?;
         registry.register(Box::new(provider_input_tokens_total.clone()))?;
         registry.register(Box::new(inspector_dropped_total.clone()))?;
+        let view_bytes_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_view_bytes_total",
+                "Request body bytes by how their view read them: resumed (read by an earlier turn, hashed only) or scanned.",
+            ),
+            &["read"],
+        )?;
+        registry.register(Box::new(view_bytes_total.clone()))?;
         let audio_total = IntCounterVec::new(
             Opts::new(
                 "sluice_audio_total",
@@ -386,6 +397,7 @@ impl Metrics {
             provider_input_tokens_total,
             inspector_dropped_total,
             audio_total,
+            view_bytes_total,
         })
     }
 

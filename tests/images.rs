@@ -380,3 +380,76 @@ async fn a_wrong_media_type_and_an_over_8000_px_image_no_longer_fail_the_request
         .unwrap();
     assert_eq!(&mock.last().body[..], &bytes[..]);
 }
+
+/// Sends `body`'s bytes as they are to `path` through sluice; the status.
+async fn post_bytes(sluice: &Sluice, path: &str, body: Vec<u8>) -> u16 {
+    client()
+        .post(sluice.url(path))
+        .header("content-type", "application/json")
+        .header("x-api-key", "k")
+        .header("anthropic-version", "2023-06-01")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The resumed view (runtime issue, docs/runtime.md): a long conversation's turns are read from
+/// where the previous turn's reading left off, and projected exactly as when read whole. The
+/// second gateway gets the same bodies behind a different number of spaces each turn, so no
+/// turn finds an earlier one's trail; what both forward must be the same bytes after the
+/// spaces, turn after turn, while the screenshots are delivered once (A3), a large output is
+/// spilled (T1) and the client's cache marker moves to the newest message.
+#[tokio::test]
+async fn a_long_conversation_read_from_its_last_turn_is_projected_as_read_whole() {
+    let (mock_a, mock_b) = (MockUpstream::start(), MockUpstream::start());
+    let (a, b) = (Sluice::in_front_of(&mock_a), Sluice::in_front_of(&mock_b));
+    mock_a.record(true);
+    mock_b.record(true);
+    let log = common::tool_output(300_000);
+    let mut messages = vec![
+        json!({"role": "user", "content": [{"type": "text", "text": "Fix the build, look at the page."}]}),
+        json!({"role": "assistant", "content": [{"type": "tool_use", "id": "build", "name": "bash", "input": {}}]}),
+        json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "build", "content": log}]}),
+    ];
+    for turn in 0..4 {
+        let png = picture(200 + turn * 10, 150, ImageFormat::Png);
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": format!("shot{turn}"), "name": "screenshot", "input": {}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("shot{turn}"),
+            "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&png)}}]}]}));
+        // The client's cache marker on the newest message only, as Claude Code places it.
+        let mut sent = messages.clone();
+        if let Some(Value::Array(blocks)) = sent.last_mut().and_then(|m| m.get_mut("content")) {
+            if let Some(Value::Object(last)) = blocks.last_mut() {
+                last.insert("cache_control".into(), json!({"type": "ephemeral"}));
+            }
+        }
+        let body = json!({"model": "claude-sonnet-4-5", "messages": sent, "max_tokens": 100,
+                          "system": "You are a coding agent.", "stream": false});
+        let bytes = serde_json::to_vec(&body).unwrap();
+        assert!(bytes.len() > 256 * 1024, "long enough to leave a trail");
+        let spaced = [vec![b' '; turn as usize + 1], bytes.clone()].concat();
+        assert_eq!(post_bytes(&a, "/v1/messages", bytes).await, 200);
+        assert_eq!(post_bytes(&b, "/v1/messages", spaced).await, 200);
+        let (sent_a, sent_b) = (mock_a.last().body, mock_b.last().body);
+        assert_eq!(
+            String::from_utf8_lossy(&sent_a),
+            String::from_utf8_lossy(sent_b.trim_ascii_start()),
+            "turn {turn}: resumed and whole readings forward the same request"
+        );
+        let forwarded = mock_a.last().json();
+        let shown = forwarded.to_string().matches("\"type\":\"image\"").count();
+        assert!(shown >= 1, "turn {turn}: the new screenshot is shown");
+    }
+    let resumed = |m: &str| metric(m, "sluice_view_bytes_total{read=\"resumed\"}");
+    let (ma, mb) = (a.metrics().await, b.metrics().await);
+    assert!(
+        resumed(&ma) > 3.0 * 300_000.0,
+        "turns 2 to 4 resumed past the log: {ma}"
+    );
+    assert_eq!(resumed(&mb), 0.0);
+    assert!(metric(&mb, "sluice_view_bytes_total{read=\"scanned\"}") > 4.0 * 300_000.0);
+}

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::resume::{self, Cursor, Hashed, Mark, Piece, Trail};
 use super::{count, span_of, Dialect, Text};
-use crate::projection::{RequestView, ToolResult, UserImage};
+use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -264,10 +265,162 @@ fn text_of(raw: &RawValue) -> Option<Text<'_>> {
 
 pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
     let request: Request = serde_json::from_str(body)?;
-    let mut names: HashMap<Cow<str>, Cow<str>> = HashMap::new();
-    let mut tool_results = Vec::new();
-    let mut user_images = Vec::new();
+    let mut reading = Reading::new(body);
     for (item, message) in request.messages.iter().enumerate() {
+        reading.message(item, message);
+    }
+    let top = Top {
+        model: request.model.as_ref().map(|t| Piece::of(body, t)),
+        tools: request.tools.map(|r| span_of(body, r)),
+        system: request.system.map(|r| span_of(body, r)),
+        user_id: request
+            .metadata
+            .and_then(|m| m.user_id)
+            .map(|t| Piece::of(body, &t)),
+        max_tokens: count(request.max_tokens),
+        seen: 0,
+    };
+    Ok(view(body, &reading.found, &top))
+}
+
+/// The fields of the request's top-level object that the view reads, found so far.
+#[derive(Debug, Default, Clone)]
+struct Top {
+    model: Option<Piece>,
+    tools: Option<Span>,
+    system: Option<Span>,
+    user_id: Option<Piece>,
+    max_tokens: Option<u64>,
+    /// The fields read so far, one bit each (a walk that meets one twice gives up).
+    seen: u8,
+}
+
+impl Top {
+    /// Reads the value of the field `key` at the cursor; `None` where the whole reading would
+    /// fail or read it differently.
+    fn field(&mut self, key: &str, cur: &mut Cursor<'_>) -> Option<()> {
+        let body = cur.body;
+        let bit = match key {
+            "model" => 1,
+            "tools" => 2,
+            "system" => 4,
+            "metadata" => 8,
+            "max_tokens" => 16,
+            "messages" => 32,
+            _ => return cur.value::<serde::de::IgnoredAny>().map(drop),
+        };
+        if self.seen & bit != 0 {
+            return None;
+        }
+        self.seen |= bit;
+        match bit {
+            1 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
+            2 => self.tools = cur.value::<Option<&RawValue>>()?.map(|r| span_of(body, r)),
+            4 => self.system = cur.value::<Option<&RawValue>>()?.map(|r| span_of(body, r)),
+            8 => {
+                self.user_id = cur
+                    .value::<Option<Metadata>>()?
+                    .and_then(|m| m.user_id)
+                    .map(|t| Piece::of(body, &t))
+            }
+            16 => self.max_tokens = count(cur.value::<Option<&RawValue>>()?),
+            _ => {}
+        }
+        Some(())
+    }
+}
+
+/// A tool result found, by span.
+#[derive(Debug, Clone)]
+struct Kept {
+    item: usize,
+    source: Piece,
+    tool_name: Option<Piece>,
+    span: Span,
+}
+
+/// What the messages held, by spans of the body: what a [`Trail`] keeps for the next body.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Found {
+    /// The top-level fields before `messages` (a resumed walk starts after them).
+    head: Top,
+    /// Each tool call: its id and its tool's name.
+    calls: Vec<(Piece, Piece)>,
+    results: Vec<Kept>,
+    images: Vec<(usize, Span)>,
+    /// The first user message: its number and its parts, for the session's root.
+    first_user: Option<(usize, Vec<Piece>)>,
+}
+
+impl Found {
+    /// What had been found before `mark`.
+    fn before(&self, mark: &Mark) -> Found {
+        let [calls, results, images] = mark.counts;
+        Found {
+            head: self.head.clone(),
+            calls: self.calls.get(..calls).unwrap_or_default().to_vec(),
+            results: self.results.get(..results).unwrap_or_default().to_vec(),
+            images: self.images.get(..images).unwrap_or_default().to_vec(),
+            first_user: self
+                .first_user
+                .clone()
+                .filter(|(item, _)| *item < mark.messages),
+        }
+    }
+
+    /// Bytes it takes, roughly (the table's weigher).
+    pub(super) fn weight(&self) -> usize {
+        let pieces = |p: &[Piece]| p.iter().map(Piece::weight).sum::<usize>();
+        self.calls
+            .iter()
+            .map(|(a, b)| a.weight() + b.weight())
+            .sum::<usize>()
+            + self
+                .results
+                .iter()
+                .map(|k| 48 + k.source.weight())
+                .sum::<usize>()
+            + self.images.len() * 24
+            + self.first_user.as_ref().map_or(0, |(_, p)| pieces(p))
+    }
+}
+
+/// Messages read so far: what was found, and the tool calls' names by id.
+struct Reading<'a> {
+    body: &'a str,
+    found: Found,
+    names: HashMap<Cow<'a, str>, Cow<'a, str>>,
+}
+
+impl<'a> Reading<'a> {
+    fn new(body: &'a str) -> Self {
+        Reading {
+            body,
+            found: Found::default(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// Carries on from what an earlier body had found before `mark` (its bytes up to there are
+    /// this body's).
+    fn resumed(body: &'a str, trail: &Found, mark: &Mark) -> Self {
+        let found = trail.before(mark);
+        let names = found
+            .calls
+            .iter()
+            .map(|(id, name)| (id.text(body), name.text(body)))
+            .collect();
+        Reading { body, found, names }
+    }
+
+    fn counts(&self) -> [usize; 3] {
+        let f = &self.found;
+        [f.calls.len(), f.results.len(), f.images.len()]
+    }
+
+    /// Message number `item`.
+    fn message(&mut self, item: usize, message: &Message<'a>) {
+        let body = self.body;
         let role = message.role.as_deref();
         let blocks = match &message.content {
             Some(Content::Blocks(blocks)) => blocks.as_slice(),
@@ -277,16 +430,18 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
             match (role, block.kind.as_deref()) {
                 (Some("assistant"), Some("tool_use" | "server_tool_use")) => {
                     if let (Some(id), Some(name)) = (&block.id, &block.name) {
-                        names.insert(id.clone(), name.clone());
+                        self.found
+                            .calls
+                            .push((Piece::of(body, id), Piece::of(body, name)));
+                        self.names.insert(id.clone(), name.clone());
                     }
                 }
                 (Some("user"), Some("tool_result")) => {
-                    if let (Some(id), Some(content)) = (block.tool_use_id.clone(), block.content) {
-                        tool_results.push(ToolResult {
+                    if let (Some(id), Some(content)) = (&block.tool_use_id, block.content) {
+                        self.found.results.push(Kept {
                             item,
-                            tool_name: names.get(&id).cloned(),
-                            source: id,
-                            content,
+                            tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
+                            source: Piece::of(body, id),
                             span: span_of(body, content),
                         });
                     }
@@ -294,56 +449,182 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                 (Some("user"), Some("image")) => {
                     // The image part whole: read again (an image part is one small object
                     // around its data; the scan is the price of not keeping every block's).
-                    let part = block.text(body).and_then(|t| serde_json::from_str(t).ok());
+                    let part = block
+                        .text(body)
+                        .and_then(|t| serde_json::from_str::<&RawValue>(t).ok());
                     if let Some(part) = part {
-                        user_images.push(UserImage {
-                            item,
-                            part,
-                            span: span_of(body, part),
-                        });
+                        self.found.images.push((item, span_of(body, part)));
                     }
                 }
                 _ => {}
             }
         }
+        // The first user message as its blocks or its text (a session fingerprint: what matters
+        // is that a conversation's every turn gives the same parts).
+        if self.found.first_user.is_none() && role == Some("user") {
+            let parts = match &message.content {
+                Some(Content::Blocks(blocks)) => blocks
+                    .iter()
+                    .map(|b| Piece::of(body, b.text(body).unwrap_or_default()))
+                    .collect(),
+                Some(Content::Text(text)) => vec![Piece::of(body, text)],
+                Some(Content::Other) | None => Vec::new(),
+            };
+            self.found.first_user = Some((item, parts));
+        }
     }
-    // The first user message as its blocks or its text (a session fingerprint: what matters is
-    // that a conversation's every turn gives the same parts).
-    let first_user = request
-        .messages
-        .iter()
-        .find(|m| m.role.as_deref() == Some("user"));
-    let mut root: Vec<Cow<str>> = request
+}
+
+/// The view of `body` from what its reading found.
+fn view<'a>(body: &'a str, found: &Found, top: &Top) -> RequestView<'a> {
+    let text = |p: &Option<Piece>| p.as_ref().map(|p| p.text(body));
+    let mut root: Vec<Cow<str>> = top
         .system
-        .map(|raw| Cow::Borrowed(raw.get()))
+        .map(|s| Cow::Borrowed(resume::at(body, s)))
         .into_iter()
         .collect();
-    match first_user.and_then(|m| m.content.as_ref()) {
-        Some(Content::Blocks(blocks)) => root.extend(
-            blocks
-                .iter()
-                .map(|b| Cow::Borrowed(b.text(body).unwrap_or_default())),
-        ),
-        Some(Content::Text(text)) => root.push(text.clone()),
-        Some(Content::Other) | None => {}
+    if let Some((_, parts)) = &found.first_user {
+        root.extend(parts.iter().map(|p| p.text(body)));
     }
-    Ok(RequestView {
-        tools: request.tools,
-        conversation: request.metadata.and_then(|m| m.user_id),
+    RequestView {
+        tools: top.tools.map(|s| Raw::read_before(resume::at(body, s))),
+        conversation: text(&top.user_id),
         root,
         body,
         shapes: &Dialect::AnthropicMessages,
-        max_output: count(request.max_tokens),
-        model: request.model,
-        tool_results,
-        user_images,
+        max_output: top.max_tokens,
+        model: text(&top.model),
+        tool_results: found
+            .results
+            .iter()
+            .map(|k| ToolResult {
+                item: k.item,
+                source: k.source.text(body),
+                tool_name: text(&k.tool_name),
+                content: Raw::read_before(resume::at(body, k.span)),
+                span: k.span,
+            })
+            .collect(),
+        user_images: found
+            .images
+            .iter()
+            .map(|&(item, span)| UserImage {
+                item,
+                part: Raw::read_before(resume::at(body, span)),
+                span,
+            })
+            .collect(),
+    }
+}
+
+/// Reads `body` by walking it, from the last mark of `trail` its bytes agree with (else from
+/// the start), leaving a trail for the next body; also says where it resumed (0: from the
+/// start). `None` where the walk meets what it does not expect: the caller reads the body
+/// whole, which gives the view or the error as for any body.
+pub(super) fn walk<'a>(
+    body: &'a str,
+    trail: Option<&Trail<Found>>,
+) -> Option<(RequestView<'a>, Trail<Found>, usize)> {
+    let mut cur = Cursor { body, at: 0 };
+    let mut marks = Vec::new();
+    let agreed = trail.and_then(|t| Some((t, t.agreed(body)?)));
+    let mut first = agreed.is_none();
+    let resumed_at = agreed.as_ref().map_or(0, |(_, (mark, _))| mark.at);
+    let (mut reading, mut top, mut hashed) = match agreed {
+        Some((trail, (mark, mut hashed))) => {
+            let mut reading = Reading::resumed(body, &trail.found, &mark);
+            marks.extend(trail.marks.iter().take_while(|m| m.at <= mark.at));
+            cur.at = mark.at;
+            messages_from(
+                &mut cur,
+                &mut reading,
+                &mut marks,
+                &mut hashed,
+                mark.messages,
+            )?;
+            (reading, trail.found.head.clone(), hashed)
+        }
+        None => {
+            if !cur.eat(b'{') {
+                return None;
+            }
+            (Reading::new(body), Top::default(), Hashed::default())
+        }
+    };
+    // The top-level object's fields, from the start or from the end of `messages`.
+    loop {
+        if cur.eat(b'}') {
+            break;
+        }
+        if !first && !cur.eat(b',') {
+            return None;
+        }
+        first = false;
+        let key: Key = cur.value()?;
+        if !cur.eat(b':') {
+            return None;
+        }
+        top.field(&key.0, &mut cur)?;
+        if key.0 == "messages" {
+            reading.found.head = top.clone();
+            if !cur.eat(b'[') {
+                return None;
+            }
+            marks.push(mark(&mut cur, &reading, &mut hashed, 0)?);
+            messages_from(&mut cur, &mut reading, &mut marks, &mut hashed, 0)?;
+        }
+    }
+    if !cur.at_end() {
+        return None;
+    }
+    let view = view(body, &reading.found, &top);
+    let trail = Trail {
+        marks,
+        found: reading.found,
+    };
+    Some((view, trail, resumed_at))
+}
+
+/// Walks the message array from after its `[` or after element number `n` - 1, to after its `]`.
+fn messages_from<'a>(
+    cur: &mut Cursor<'a>,
+    reading: &mut Reading<'a>,
+    marks: &mut Vec<Mark>,
+    hashed: &mut Hashed,
+    mut n: usize,
+) -> Option<()> {
+    loop {
+        if cur.eat(b']') {
+            return Some(());
+        }
+        if n > 0 && !cur.eat(b',') {
+            return None;
+        }
+        let message: Message = cur.value()?;
+        reading.message(n, &message);
+        n += 1;
+        marks.push(mark(cur, reading, hashed, n)?);
+    }
+}
+
+fn mark(
+    cur: &mut Cursor<'_>,
+    reading: &Reading<'_>,
+    hashed: &mut Hashed,
+    n: usize,
+) -> Option<Mark> {
+    Some(Mark {
+        at: cur.at,
+        hash: hashed.to(cur.body, cur.at)?,
+        messages: n,
+        counts: reading.counts(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::projection::Span;
+    use crate::dialect::span_in;
     use proptest::prelude::*;
 
     /// A tool result as the tests compare it: its id, its tool's name, its content's span.
@@ -396,10 +677,10 @@ mod tests {
                     (Some("user"), Some("tool_result")) => {
                         if let (Some(id), Some(c)) = (b.tool_use_id, b.content) {
                             let name = names.get(id.as_ref()).cloned();
-                            results.push((id.to_string(), name, span_of(body, c)));
+                            results.push((id.to_string(), name, span_in(body, c.get())));
                         }
                     }
-                    (Some("user"), Some("image")) => images.push(span_of(body, raw)),
+                    (Some("user"), Some("image")) => images.push(span_in(body, raw.get())),
                     _ => {}
                 }
             }
@@ -514,5 +795,140 @@ mod tests {
         assert_eq!(r.tool_name.as_deref(), Some("read_file"));
         assert_eq!(&body[r.span.start..r.span.end], r#""file text""#);
         assert_eq!(view.user_images.len(), 1);
+    }
+
+    /// One message of a generated conversation: kind `k % 6`, numbered `n`.
+    fn message(k: u8, n: usize, cached: bool) -> String {
+        let cache = if cached {
+            r#","cache_control":{"type":"ephemeral"}"#
+        } else {
+            ""
+        };
+        let id = if k % 7 == 6 {
+            format!(r#""t\u0031{n}""#)
+        } else {
+            format!(r#""t{n}""#)
+        };
+        match k % 6 {
+            0 => format!(r#"{{"role":"user","content":"step {n}: \"quoted\"\n"}}"#),
+            1 => format!(
+                r#"{{"role":"assistant","content":[{{"type":"tool_use","id":{id},"name":"bash","input":{{}}{cache}}}]}}"#
+            ),
+            2 => format!(
+                r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":{id},"content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"QUJD{n}"}}}}]{cache}}}]}}"#
+            ),
+            3 => format!(
+                r#"{{"role":"user","content":[ {{"type":"tool_result","tool_use_id":"t{}","content":"out {n}"{cache}}} ]}}"#,
+                n.saturating_sub(1)
+            ),
+            4 => format!(
+                r#"{{"role":"user","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"AA{n}"}}{cache}}}]}}"#
+            ),
+            _ => format!(r#"{{ "content" : [1, {{"x":[{n}]}}], "role" : "assistant" }}"#),
+        }
+    }
+
+    /// A body around `messages`: some of the top-level fields before them, the rest after,
+    /// `odd` adding what a walk gives up on (the whole reading decides).
+    fn conversation(messages: &[String], before: usize, model: u8, odd: u8) -> String {
+        let ws = ["", " ", "\n  "][usize::from(model) % 3];
+        let mut fields = vec![
+            format!(r#""model":{ws}"claude-{model}""#),
+            r#""system":[{"type":"text","text":"be brief"}]"#.to_string(),
+            r#""max_tokens":100"#.to_string(),
+            r#""metadata":{"user_id":"u\"1"}"#.to_string(),
+            r#""tools":[{"name":"bash"}]"#.to_string(),
+            r#""stream":true"#.to_string(),
+        ];
+        match odd % 8 {
+            0 => fields.push(r#""max_tokens":7"#.to_string()),
+            1 => fields.push(r#""messages":[]"#.to_string()),
+            2 => fields.push(r#""model":5"#.to_string()),
+            3 => fields.push(r#""extra":[1,2,}"#.to_string()),
+            _ => {}
+        }
+        let messages = format!(
+            r#""messages":{ws}[{ws}{}{ws}]"#,
+            messages.join(&format!(",{ws}"))
+        );
+        let at = before.min(fields.len());
+        fields.insert(at, messages);
+        let tail = if odd % 8 == 4 { " x" } else { "" };
+        format!("{{{ws}{}{ws}}}{tail}", fields.join(","))
+    }
+
+    proptest! {
+        /// The resumed view (runtime issue): walked from an earlier body's trail, or from the
+        /// start, a body gives the view the whole reading gives, or the walk gives up.
+        #[test]
+        fn a_resumed_walk_reads_what_a_whole_reading_reads(
+            steps in prop::collection::vec((0u8..8, any::<u8>(), any::<u8>()), 1..14),
+            before in 0usize..7,
+        ) {
+            let mut kinds: Vec<u8> = Vec::new();
+            let mut cached = None;
+            let mut trail: Option<Trail<Found>> = None;
+            let mut model = 0u8;
+            for (op, k, odd) in steps {
+                match op {
+                    0..=3 => kinds.push(k),
+                    // The client's cache marker moves to the last message (it changes bytes
+                    // an earlier body had).
+                    4 => cached = kinds.len().checked_sub(1),
+                    5 => model = model.wrapping_add(1),
+                    // The history's start changes: no mark agrees.
+                    6 => if let Some(first) = kinds.first_mut() { *first = first.wrapping_add(1) },
+                    _ => {}
+                }
+                let odd = if op == 7 { odd % 5 } else { 7 };
+                let messages: Vec<String> = kinds
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &k)| message(k, n, cached == Some(n)))
+                    .collect();
+                let body = conversation(&messages, before, model, odd);
+                let whole = read(&body);
+                if let Some((view, ..)) = walk(&body, None) {
+                    prop_assert_eq!(format!("{view:?}"), format!("{:?}", whole.as_ref().unwrap()));
+                }
+                match walk(&body, trail.as_ref()) {
+                    Some((view, next, _)) => {
+                        prop_assert_eq!(format!("{view:?}"), format!("{:?}", whole.as_ref().unwrap()));
+                        trail = Some(next);
+                    }
+                    None => prop_assert!(odd < 7, "an ordinary body was not walked: {}", body),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_longer_body_resumes_after_the_messages_it_shares() {
+        // Kinds 1 to 4: messages that carry the cache marker when asked to.
+        let messages: Vec<String> = (0..6)
+            .map(|n| message(1 + n as u8 % 4, n, n == 5))
+            .collect();
+        let first = conversation(&messages[..5], 1, 0, 7);
+        let (_, trail, from) = walk(&first, None).unwrap();
+        assert_eq!(from, 0);
+        assert_eq!(trail.marks.len(), 6, "after the [ and after each message");
+        // The next turn: one more message, and the cache marker moved onto it (the fifth's
+        // bytes are unchanged, so every mark agrees).
+        let next = conversation(&messages, 1, 0, 7);
+        let (mark, _) = trail.agreed(&next).unwrap();
+        assert_eq!(mark.messages, 5);
+        let (view, again, from) = walk(&next, Some(&trail)).unwrap();
+        assert_eq!(from, mark.at);
+        assert_eq!(format!("{view:?}"), format!("{:?}", read(&next).unwrap()));
+        assert_eq!(again.marks.len(), 7);
+        // A marker that moves off a message changes its bytes: the walk resumes before it.
+        let mut moved = messages.clone();
+        moved[5] = message(1 + 5 % 4, 5, false);
+        moved.push(message(3, 6, true));
+        let moved = conversation(&moved, 1, 0, 7);
+        let (mark, _) = again.agreed(&moved).unwrap();
+        assert_eq!(mark.messages, 5);
+        // Another conversation agrees with no mark.
+        assert!(trail.agreed(&conversation(&messages, 0, 0, 7)).is_none());
     }
 }

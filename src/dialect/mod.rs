@@ -10,6 +10,7 @@ pub mod completion;
 pub mod openai_chat;
 mod openai_responses;
 mod render;
+pub mod resume;
 pub mod sse;
 pub mod usage;
 
@@ -84,13 +85,36 @@ impl Dialect {
     /// JSON at all (P4: 400); JSON of an unexpected shape gives an empty view, so the request is
     /// forwarded untouched and the provider answers it as it would without sluice.
     pub fn read_view(self, body: &[u8]) -> Result<RequestView<'_>, serde_json::Error> {
-        // JSON is UTF-8 (RFC 8259); a provider would refuse anything else.
-        let text = std::str::from_utf8(body).map_err(|e| {
-            <serde_json::Error as serde::de::Error>::custom(format_args!(
-                "the body is not UTF-8 (at byte {})",
-                e.valid_up_to()
-            ))
-        })?;
+        self.read_text(utf8(body)?)
+    }
+
+    /// [`Dialect::read_view`], resumed where an earlier body of the same conversation was read
+    /// to when its bytes agree that far (`resume`); the view is the same either way. Also says
+    /// how many of the body's bytes were read before, and so not scanned again. Only Anthropic
+    /// Messages bodies are resumed so far: the others are read whole.
+    pub fn read_view_resumed<'a>(
+        self,
+        body: &'a [u8],
+        resumes: &resume::Resumes,
+    ) -> Result<(RequestView<'a>, usize), serde_json::Error> {
+        if body.len() < resume::RESUME_FROM || self != Dialect::AnthropicMessages {
+            return Ok((self.read_view(body)?, 0));
+        }
+        let text = utf8(body)?;
+        let key = resume::Resumes::key(self, text);
+        let trail = resumes.anthropic(key);
+        match anthropic::walk(text, trail.as_deref()) {
+            Some((view, trail, skipped)) => {
+                if !trail.marks.is_empty() {
+                    resumes.keep_anthropic(key, trail);
+                }
+                Ok((view, skipped))
+            }
+            None => Ok((self.read_text(text)?, 0)),
+        }
+    }
+
+    fn read_text(self, text: &str) -> Result<RequestView<'_>, serde_json::Error> {
         let parsed = match self {
             Dialect::OpenAiChat => openai_chat::read(text),
             Dialect::OpenAiResponses => openai_responses::read(text),
@@ -110,6 +134,16 @@ impl Dialect {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The body as text: JSON is UTF-8 (RFC 8259), and a provider would refuse anything else.
+fn utf8(body: &[u8]) -> Result<&str, serde_json::Error> {
+    std::str::from_utf8(body).map_err(|e| {
+        <serde_json::Error as serde::de::Error>::custom(format_args!(
+            "the body is not UTF-8 (at byte {})",
+            e.valid_up_to()
+        ))
+    })
 }
 
 impl Family {
@@ -150,10 +184,15 @@ pub(crate) fn count(raw: Option<&RawValue>) -> Option<u64> {
 }
 
 pub(crate) fn span_of(whole: &str, raw: &RawValue) -> Span {
-    let start = raw.get().as_ptr() as usize - whole.as_ptr() as usize;
+    span_in(whole, raw.get())
+}
+
+/// The byte span of `text`, a slice of `whole`.
+pub(crate) fn span_in(whole: &str, raw: &str) -> Span {
+    let start = raw.as_ptr() as usize - whole.as_ptr() as usize;
     Span {
         start,
-        end: start + raw.get().len(),
+        end: start + raw.len(),
     }
 }
 
@@ -162,10 +201,15 @@ pub(crate) type Text<'a> = Option<Cow<'a, str>>;
 
 /// Parses an array value into its elements' raw values; `None` if it is not an array.
 pub(crate) fn elements(raw: &RawValue) -> Option<Vec<&RawValue>> {
-    if !raw.get().starts_with('[') {
+    elements_in(raw.get())
+}
+
+/// [`elements`] of a value's JSON text.
+pub(crate) fn elements_in(raw: &str) -> Option<Vec<&RawValue>> {
+    if !raw.starts_with('[') {
         return None;
     }
-    serde_json::from_str(raw.get()).ok()
+    serde_json::from_str(raw).ok()
 }
 
 #[cfg(test)]

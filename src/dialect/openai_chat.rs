@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{count, elements, span_of, Dialect, Text};
-use crate::projection::{RequestView, ToolResult, UserImage};
+use super::{count, elements, span_in, Dialect, Text};
+use crate::projection::{Raw, RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -79,8 +79,8 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                         item,
                         source: id.clone(),
                         tool_name: names.get(id).cloned(),
-                        content,
-                        span: span_of(body, content),
+                        content: content.into(),
+                        span: span_in(body, content.get()),
                     });
                 }
             }
@@ -92,8 +92,8 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                     if p.kind.as_deref() == Some("image_url") {
                         user_images.push(UserImage {
                             item,
-                            part,
-                            span: span_of(body, part),
+                            part: part.into(),
+                            span: span_in(body, part.get()),
                         });
                     }
                 }
@@ -115,7 +115,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         .map(Cow::Borrowed)
         .collect();
     Ok(RequestView {
-        tools: request.tools,
+        tools: request.tools.map(Raw::from),
         conversation: None,
         root,
         body,
@@ -149,7 +149,7 @@ pub fn message_spans(body: &str) -> Option<Vec<(crate::projection::Span, bool)>>
                 let role = serde_json::from_str::<Role>(m.get())
                     .ok()
                     .and_then(|r| r.role);
-                (span_of(body, m), role.as_deref() == Some("tool"))
+                (span_in(body, m.get()), role.as_deref() == Some("tool"))
             })
             .collect(),
     )

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{count, elements, span_of, Dialect, Text};
-use crate::projection::{RequestView, ToolResult, UserImage};
+use super::{count, elements, span_in, Dialect, Text};
+use crate::projection::{Raw, RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -70,8 +70,8 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                         item: index,
                         source: id.clone(),
                         tool_name: names.get(id).cloned(),
-                        content: output,
-                        span: span_of(body, output),
+                        content: output.into(),
+                        span: span_in(body, output.get()),
                     });
                 }
             }
@@ -83,8 +83,8 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                     if p.kind.as_deref() == Some("input_image") {
                         user_images.push(UserImage {
                             item: index,
-                            part,
-                            span: span_of(body, part),
+                            part: part.into(),
+                            span: span_in(body, part.get()),
                         });
                     }
                 }
@@ -106,7 +106,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         .map(Cow::Borrowed)
         .collect();
     Ok(RequestView {
-        tools: request.tools,
+        tools: request.tools.map(Raw::from),
         conversation: request.prompt_cache_key,
         root,
         body,

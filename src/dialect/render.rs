@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use super::Dialect;
 use crate::projection::attach::{Embedded, Extras};
 use crate::projection::shapes::{ImageRef, Shapes};
-use crate::projection::{Edit, Span};
+use crate::projection::{Edit, Raw, Span};
 
 fn json_string(s: &str) -> String {
     Value::String(s.to_string()).to_string()
@@ -80,7 +80,7 @@ impl Shapes for Dialect {
         }
     }
 
-    fn user_image_part(&self, part: &RawValue, em: &Embedded) -> Option<String> {
+    fn user_image_part(&self, part: Raw<'_>, em: &Embedded) -> Option<String> {
         let mut part: Map<String, Value> = serde_json::from_str(part.get()).ok()?;
         match self {
             Dialect::AnthropicMessages => {
@@ -106,7 +106,7 @@ impl Shapes for Dialect {
         Some(Value::Object(part).to_string())
     }
 
-    fn user_note_part(&self, part: &RawValue, text_json: &str) -> String {
+    fn user_note_part(&self, part: Raw<'_>, text_json: &str) -> String {
         let mut out = format!(r#"{{"type":"{}","text":{text_json}"#, self.text_type());
         // Anthropic blocks may carry a cache breakpoint; it stays where it was (P2).
         if *self == Dialect::AnthropicMessages {

@@ -263,7 +263,7 @@ pub fn fate(seen: &SeenResult) -> ResultFate {
     let raw = std::str::from_utf8(with).unwrap_or_default();
     let text = serde_json::from_str::<&serde_json::value::RawValue>(raw)
         .ok()
-        .and_then(crate::projection::exit::result_text)
+        .and_then(|raw| crate::projection::exit::result_text(raw.into()))
         .unwrap_or_default();
     let last = text.lines().rev().find(|l| l.starts_with("[sluice: "));
     if text.starts_with(RETIRED) {

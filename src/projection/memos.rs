@@ -4,11 +4,10 @@
 
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
-
 use super::attach::extract::{self, Extracted};
 use super::attach::{self, Item};
 use super::exit::Memoized;
+use super::view::Raw;
 use crate::image::{Checked, Refusal};
 use crate::tenant::Tenant;
 
@@ -19,16 +18,16 @@ pub trait Memos: Sync {
     /// A tool result's text-exit outcome remembered under `key` (see `exit::project`).
     fn page(&self, key: u128) -> Option<Memoized>;
     /// The images of a tool result (`None`: it holds none).
-    fn tool_images(&self, content: &RawValue, tenant: &Tenant) -> Option<Arc<Extracted>>;
+    fn tool_images(&self, content: Raw<'_>, tenant: &Tenant) -> Option<Arc<Extracted>>;
     /// What [`Memos::tool_images`] answered for this content before, if it is remembered;
     /// computes nothing.
     fn known_tool_images(
         &self,
-        content: &RawValue,
+        content: Raw<'_>,
         tenant: &Tenant,
     ) -> Option<Option<Arc<Extracted>>>;
     /// A user message's image part, number `k` of its message, checked.
-    fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>>;
+    fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>>;
     /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
     fn glob_matches(&self, pattern: &str, name: &str) -> bool;
     /// The token count remembered under `key` (the context guard's estimate, per fragment).
@@ -57,17 +56,17 @@ impl Memos for Fresh {
         None
     }
 
-    fn tool_images(&self, content: &RawValue, tenant: &Tenant) -> Option<Arc<Extracted>> {
+    fn tool_images(&self, content: Raw<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
         extract::may_hold_images(content.get())
             .then(|| extract::tool_result(content, tenant).map(Arc::new))
             .flatten()
     }
 
-    fn known_tool_images(&self, _: &RawValue, _: &Tenant) -> Option<Option<Arc<Extracted>>> {
+    fn known_tool_images(&self, _: Raw<'_>, _: &Tenant) -> Option<Option<Arc<Extracted>>> {
         None
     }
 
-    fn user_image(&self, part: &RawValue, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
+    fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
         extract::user_part(part, k, tenant).map(Arc::new)
     }
 

@@ -35,7 +35,7 @@ pub mod view;
 use memos::Memos;
 use policy::{Lifetime, Policy};
 use rewrite::{render_tool_content, render_user_part};
-pub use view::{splice, Edit, RequestView, Span, SpliceError, ToolResult, UserImage};
+pub use view::{splice, Edit, Raw, RequestView, Span, SpliceError, ToolResult, UserImage};
 
 /// What a request's projection changed, for the `x-sluice-projection` header (SPEC O3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -1,13 +1,11 @@
 //! Writing the core's decisions back into a request's parts, through its dialect's [`Shapes`]:
 //! a tool result's new content (text, shown images, other parts), a user's image part.
 
-use serde_json::value::RawValue;
-
 use super::attach::extract::Extracted;
 use super::attach::{self, Item, Media, Outcome};
 use super::shapes::{ImageRef, Shapes};
 use super::sounds::Heard;
-use super::view::ToolResult;
+use super::view::{Raw, ToolResult};
 
 pub(super) fn json_string(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
@@ -83,7 +81,7 @@ pub(super) fn render_tool_content(
 /// A user image part as it must be sent, or `None` to leave its bytes untouched (P1).
 pub(super) fn render_user_part(
     shapes: &dyn Shapes,
-    part: &RawValue,
+    part: Raw<'_>,
     item: &Item,
     outcome: &Outcome,
 ) -> Option<String> {

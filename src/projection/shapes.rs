@@ -2,10 +2,8 @@
 //! (`crate::dialect`): the core decides what a request shows, the dialect writes it in its
 //! provider's JSON.
 
-use serde_json::value::RawValue;
-
 use super::attach::{Embedded, Extras};
-use super::view::Edit;
+use super::view::{Edit, Raw};
 
 /// What an image part shows: bytes sluice embeds, or a URL passed on.
 pub enum ImageRef<'a> {
@@ -46,11 +44,11 @@ pub trait Shapes: std::fmt::Debug + Sync {
 
     /// A user's image part rewritten to carry `embedded` (new bytes or a corrected media
     /// type), its other fields kept; `None` when the part cannot be read.
-    fn user_image_part(&self, part: &RawValue, embedded: &Embedded) -> Option<String>;
+    fn user_image_part(&self, part: Raw<'_>, embedded: &Embedded) -> Option<String>;
 
     /// A user's image part replaced by a text part holding `text_json` (a JSON string), with a
     /// cache breakpoint kept where the dialect has them on parts.
-    fn user_note_part(&self, part: &RawValue, text_json: &str) -> String;
+    fn user_note_part(&self, part: Raw<'_>, text_json: &str) -> String;
 
     /// Edits that insert, after the last tool message of each turn, one user message holding
     /// that turn's `parts` (turns named by the index of one of their messages). Only for

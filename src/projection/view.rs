@@ -17,6 +17,30 @@ pub struct Span {
     pub end: usize,
 }
 
+/// A JSON value's text as it stands in the body, as serde_json's `RawValue` holds it. A plain
+/// slice, so that a view resumed from an earlier body's reading (`crate::dialect`) can point at a
+/// value it found there without reading the value again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    /// The value's JSON text.
+    pub fn get(self) -> &'a str {
+        self.0
+    }
+
+    /// A slice known to hold exactly one JSON value: read as one before, from the same bytes.
+    pub(crate) fn read_before(text: &'a str) -> Self {
+        Raw(text)
+    }
+}
+
+impl<'a> From<&'a RawValue> for Raw<'a> {
+    fn from(raw: &'a RawValue) -> Self {
+        Raw(raw.get())
+    }
+}
+
 /// One tool result of the history (SPEC section 1): an OpenAI `tool` message, a Responses
 /// `function_call_output` item, an Anthropic `tool_result` block.
 #[derive(Debug)]
@@ -28,7 +52,7 @@ pub struct ToolResult<'a> {
     /// The name of the tool that was called, when the history still holds the call.
     pub tool_name: Option<Cow<'a, str>>,
     /// The result's content value (`content` or `output`): a string or an array of parts.
-    pub content: &'a RawValue,
+    pub content: Raw<'a>,
     /// Where `content` stands in the body.
     pub span: Span,
 }
@@ -38,7 +62,7 @@ pub struct ToolResult<'a> {
 pub struct UserImage<'a> {
     pub item: usize,
     /// The whole content part (`image_url`, `input_image` or `image` block).
-    pub part: &'a RawValue,
+    pub part: Raw<'a>,
     pub span: Span,
 }
 
@@ -53,7 +77,7 @@ pub struct RequestView<'a> {
     pub tool_results: Vec<ToolResult<'a>>,
     pub user_images: Vec<UserImage<'a>>,
     /// The request's `tools` as sent (where the read tool is added, C1).
-    pub tools: Option<&'a RawValue>,
+    pub tools: Option<Raw<'a>>,
     /// A conversation id the client already sends: Responses `prompt_cache_key`, Anthropic
     /// `metadata.user_id`.
     pub conversation: Option<Cow<'a, str>>,

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::dialect::{elements, span_of, Dialect};
+use crate::dialect::{elements, elements_in, span_in, span_of, Dialect};
 use crate::projection::{Edit, Span};
 
 #[derive(Deserialize)]
@@ -82,7 +82,7 @@ impl<'a> Shape<'a> {
             body,
             tools: view
                 .tools
-                .and_then(|raw| elements(raw).map(|e| (span_of(body, raw), e))),
+                .and_then(|raw| elements_in(raw.get()).map(|e| (span_in(body, raw.get()), e))),
             tool_choice: None,
             history: None,
             string_input: None,

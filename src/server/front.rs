@@ -120,9 +120,17 @@ impl Shared {
         pooled: bool,
     ) -> Result<Front, GatewayError> {
         let dialect = ask.dialect;
-        let view = dialect
-            .read_view(body)
+        let (view, read_before) = dialect
+            .read_view_resumed(body, &self.resumes)
             .map_err(|e| GatewayError::BadJson(e.to_string()))?;
+        let count = |read, bytes: usize| {
+            self.metrics
+                .view_bytes_total
+                .with_label_values(&[read])
+                .inc_by(bytes as u64)
+        };
+        count("resumed", read_before);
+        count("scanned", body.len() - read_before);
         let (index, route, tenant) = self.route(dialect, &view, ask.headers)?;
         let shape = read::Shape::of_view(&view);
         let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
@@ -366,7 +374,11 @@ impl Shared {
         let _permit = self.heavy_slot().await?;
         let shared = Arc::clone(self);
         let planned = tokio::task::spawn_blocking(move || {
-            let view = job.dialect.read_view(&job.body).ok()?;
+            let view = job
+                .dialect
+                .read_view_resumed(&job.body, &shared.resumes)
+                .ok()?
+                .0;
             let prepared = projection::Prepared::new(&view, &job.tenant, &shared.memo);
             let policy = job.route.policy(&job.read_tool);
             let projection = plan(

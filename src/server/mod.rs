@@ -113,6 +113,8 @@ struct Shared {
     next_id: AtomicU64,
     artifacts: Artifacts<Backend>,
     memo: Memo,
+    /// Where long bodies' views were read to, so the next turn reads only what it adds.
+    resumes: crate::dialect::resume::Resumes,
     sessions: Arc<Sessions>,
     session_header: http::HeaderName,
     /// Sessions seen within the idle TTL, for `sluice_sessions_active`.
@@ -264,6 +266,7 @@ impl Server {
                 next_id: AtomicU64::new(0),
                 artifacts,
                 memo: Memo::new(ttl),
+                resumes: Default::default(),
                 sessions: Arc::new(sessions),
                 session_header,
                 seen: moka::sync::Cache::builder()

@@ -17,6 +17,7 @@ use crate::audio::{AudioRefusal, CheckedAudio};
 use crate::image::{check, decode_base64, Refusal};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::policy::Lifetime;
+use crate::projection::Raw;
 use crate::tenant::Tenant;
 
 /// Decoded bytes one image may have before it is refused unread (base64 text of 64 MiB).
@@ -382,7 +383,7 @@ impl ImageUrl<'_> {
 
 /// Takes the images out of a tool result's content (a string or an array of parts).
 /// `None` when it holds none, so the caller leaves it to the text exit alone.
-pub fn tool_result(content: &RawValue, tenant: &Tenant) -> Option<Extracted> {
+pub fn tool_result(content: Raw<'_>, tenant: &Tenant) -> Option<Extracted> {
     let raw = content.get();
     if !may_hold_images(raw) {
         return None;
@@ -522,7 +523,7 @@ pub fn is_data_url(url: &str) -> bool {
 
 /// A user message's image part (chat `image_url`, Anthropic `image`, Responses `input_image`)
 /// as an item numbered `k`.
-pub fn user_part(part: &RawValue, k: usize, tenant: &Tenant) -> Option<Item> {
+pub fn user_part(part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Item> {
     let p: Part = serde_json::from_str(part.get()).ok()?;
     let mut finder = Finder {
         tenant,

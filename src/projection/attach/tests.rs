@@ -1,6 +1,6 @@
 //! Unit tests of the media stage: extraction, checks, selection under budgets, notes.
 
-use super::extract::{tool_result, user_part};
+use super::extract;
 use super::*;
 use crate::image::tests::{encode, picture};
 use crate::tenant::Tenant;
@@ -17,6 +17,16 @@ fn png(w: u32, h: u32) -> String {
 
 fn raw(v: &serde_json::Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string(v.to_string()).unwrap()
+}
+
+/// [`extract::tool_result`] of a value as the view would hand it over.
+fn tool_result(content: &serde_json::value::RawValue, t: &Tenant) -> Option<extract::Extracted> {
+    extract::tool_result(content.into(), t)
+}
+
+/// [`extract::user_part`] of a value as the view would hand it over.
+fn user_part(part: &serde_json::value::RawValue, k: usize, t: &Tenant) -> Option<Item> {
+    extract::user_part(part.into(), k, t)
 }
 
 fn limits() -> Limits {

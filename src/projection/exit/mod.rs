@@ -21,7 +21,7 @@ use xxhash_rust::xxh3::Xxh3;
 use super::memos::Memos;
 use super::shapes::Shapes;
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
-use crate::projection::{Edit, RequestView, ToolResult};
+use crate::projection::{Edit, Raw, RequestView, ToolResult};
 use crate::tenant::Tenant;
 use text::{fits, utf16_len, Budget, Lines, Position};
 
@@ -140,7 +140,7 @@ pub(crate) fn is_text_part(kind: Option<&str>) -> bool {
 
 /// The tool result's text and, for an array, its parts: text parts are budgeted as one text,
 /// joined by newlines (SPEC section 3); other parts are kept as they are.
-fn read_content<'a>(content: &'a RawValue) -> Option<(Cow<'a, str>, Option<Vec<&'a RawValue>>)> {
+fn read_content<'a>(content: Raw<'a>) -> Option<(Cow<'a, str>, Option<Vec<&'a RawValue>>)> {
     let raw = content.get();
     if raw.starts_with('"') {
         return Some((serde_json::from_str::<Cow<str>>(raw).ok()?, None));
@@ -163,13 +163,13 @@ fn read_content<'a>(content: &'a RawValue) -> Option<(Cow<'a, str>, Option<Vec<&
 
 /// The text a tool result's content carries, as the text exit reads it (text parts joined by
 /// newlines); `None` when it is neither a string nor an array of parts.
-pub fn result_text(content: &RawValue) -> Option<String> {
+pub fn result_text(content: Raw<'_>) -> Option<String> {
     if let Some((text, _)) = read_content(content) {
         return Some(text.into_owned());
     }
     let fixed = crate::json::without_lone_surrogates(content.get())?;
     let fixed = RawValue::from_string(fixed).ok()?;
-    read_content(&fixed).map(|(text, _)| text.into_owned())
+    read_content(Raw::from(&*fixed)).map(|(text, _)| text.into_owned())
 }
 
 /// Projects one tool result: `(None, None)` when it fits; else its replacement and its spill.
@@ -185,7 +185,7 @@ fn project_result(
         .then(|| crate::json::without_lone_surrogates(result.content.get()))
         .flatten()
         .and_then(|raw| RawValue::from_string(raw).ok());
-    let content = fixed.as_deref().unwrap_or(result.content);
+    let content = fixed.as_deref().map_or(result.content, Raw::from);
     let Some((text, parts)) = read_content(content) else {
         return (None, None);
     };
