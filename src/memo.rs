@@ -14,7 +14,7 @@ use crate::projection::attach::extract::Extracted;
 use crate::projection::attach::{Item, Media};
 use crate::projection::exit::Memoized;
 use crate::projection::memos::{Fresh, Memos};
-use crate::projection::Raw;
+use crate::projection::{Raw, ToolResult};
 use crate::tenant::Tenant;
 
 /// Projected tool results, bounded by the bytes of their replacements.
@@ -121,22 +121,22 @@ impl Memos for Memo {
         self.pages.get(&key)
     }
 
-    fn tool_images(&self, content: Raw<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
+    fn tool_images(&self, result: &ToolResult<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
         // A hash and a lookup first: agents resend their history every turn, and a result seen
         // before, with or without images, costs no search (xxh3 is much faster than the byte
         // search for image markers on text full of near-matches).
-        let key = self.key(tenant, &[content.get().as_bytes()]);
+        let key = self.key(tenant, &[&result.digest.to_le_bytes()]);
         self.extracted
-            .get_with(key, || Fresh.tool_images(content, tenant))
+            .get_with(key, || Fresh.tool_images(result, tenant))
     }
 
     fn known_tool_images(
         &self,
-        content: Raw<'_>,
+        result: &ToolResult<'_>,
         tenant: &Tenant,
     ) -> Option<Option<Arc<Extracted>>> {
         self.extracted
-            .get(&self.key(tenant, &[content.get().as_bytes()]))
+            .get(&self.key(tenant, &[&result.digest.to_le_bytes()]))
     }
 
     fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::resume::{self, Cursor, Hashed, Mark, Piece, Trail};
-use super::{count, span_of, Dialect, Text};
+use super::{count, digest, span_of, Dialect, Text};
 use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -337,6 +337,7 @@ struct Kept {
     source: Piece,
     tool_name: Option<Piece>,
     span: Span,
+    digest: u128,
 }
 
 /// What the messages held, by spans of the body: what a [`Trail`] keeps for the next body.
@@ -443,6 +444,7 @@ impl<'a> Reading<'a> {
                             tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
                             source: Piece::of(body, id),
                             span: span_of(body, content),
+                            digest: digest(content.get()),
                         });
                     }
                 }
@@ -503,6 +505,7 @@ fn view<'a>(body: &'a str, found: &Found, top: &Top) -> RequestView<'a> {
                 tool_name: text(&k.tool_name),
                 content: Raw::read_before(resume::at(body, k.span)),
                 span: k.span,
+                digest: k.digest,
             })
             .collect(),
         user_images: found

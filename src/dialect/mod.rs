@@ -196,6 +196,13 @@ pub(crate) fn span_in(whole: &str, raw: &str) -> Span {
     }
 }
 
+/// The [`crate::projection::ToolResult::digest`] of a tool result's content.
+pub(crate) fn digest(content: &str) -> u128 {
+    static SEED: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    xxhash_rust::xxh3::xxh3_128_with_seed(content.as_bytes(), *SEED)
+}
+
 /// A string field that may be absent; borrowed when it has no escapes.
 pub(crate) type Text<'a> = Option<Cow<'a, str>>;
 

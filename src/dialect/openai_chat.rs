@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{count, elements, span_in, Dialect, Text};
+use super::{count, digest, elements, span_in, Dialect, Text};
 use crate::projection::{Raw, RequestView, ToolResult, UserImage};
 
 #[derive(Deserialize)]
@@ -81,6 +81,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                         tool_name: names.get(id).cloned(),
                         content: content.into(),
                         span: span_in(body, content.get()),
+                        digest: digest(content.get()),
                     });
                 }
             }

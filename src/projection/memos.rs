@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::attach::extract::{self, Extracted};
 use super::attach::{self, Item};
 use super::exit::Memoized;
-use super::view::Raw;
+use super::view::{Raw, ToolResult};
 use crate::image::{Checked, Refusal};
 use crate::tenant::Tenant;
 
@@ -18,12 +18,12 @@ pub trait Memos: Sync {
     /// A tool result's text-exit outcome remembered under `key` (see `exit::project`).
     fn page(&self, key: u128) -> Option<Memoized>;
     /// The images of a tool result (`None`: it holds none).
-    fn tool_images(&self, content: Raw<'_>, tenant: &Tenant) -> Option<Arc<Extracted>>;
+    fn tool_images(&self, result: &ToolResult<'_>, tenant: &Tenant) -> Option<Arc<Extracted>>;
     /// What [`Memos::tool_images`] answered for this content before, if it is remembered;
     /// computes nothing.
     fn known_tool_images(
         &self,
-        content: Raw<'_>,
+        result: &ToolResult<'_>,
         tenant: &Tenant,
     ) -> Option<Option<Arc<Extracted>>>;
     /// A user message's image part, number `k` of its message, checked.
@@ -56,13 +56,13 @@ impl Memos for Fresh {
         None
     }
 
-    fn tool_images(&self, content: Raw<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
-        extract::may_hold_images(content.get())
-            .then(|| extract::tool_result(content, tenant).map(Arc::new))
+    fn tool_images(&self, result: &ToolResult<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
+        extract::may_hold_images(result.content.get())
+            .then(|| extract::tool_result(result.content, tenant).map(Arc::new))
             .flatten()
     }
 
-    fn known_tool_images(&self, _: Raw<'_>, _: &Tenant) -> Option<Option<Arc<Extracted>>> {
+    fn known_tool_images(&self, _: &ToolResult<'_>, _: &Tenant) -> Option<Option<Arc<Extracted>>> {
         None
     }
 

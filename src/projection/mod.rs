@@ -189,7 +189,7 @@ impl Prepared {
         let extracted = view
             .tool_results
             .iter()
-            .map(|r| memo.tool_images(r.content, tenant))
+            .map(|r| memo.tool_images(r, tenant))
             .collect();
         let mut per_message = std::collections::HashMap::new();
         let users = view
@@ -217,12 +217,12 @@ impl Prepared {
             return None;
         }
         for result in &view.tool_results {
-            match memo.known_tool_images(result.content, tenant) {
+            match memo.known_tool_images(result, tenant) {
                 Some(None) => {}
                 Some(Some(_)) => return None,
                 None if attach::extract::may_hold_images(result.content.get()) => return None,
                 None => {
-                    memo.tool_images(result.content, tenant);
+                    memo.tool_images(result, tenant);
                 }
             }
         }

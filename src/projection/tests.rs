@@ -123,9 +123,8 @@ fn only_requests_without_images_are_prepared_cheaply() {
     let light = Prepared::without_images(&view, &tenant, &memo).unwrap();
     assert!(!light.has_images());
     // Remembered now: the next turn costs a lookup, no search.
-    let content = view.tool_results[0].content;
     assert!(matches!(
-        memo.known_tool_images(content, &tenant),
+        memo.known_tool_images(&view.tool_results[0], &tenant),
         Some(None)
     ));
     let png = crate::image::tests::encode(

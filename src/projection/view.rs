@@ -55,6 +55,9 @@ pub struct ToolResult<'a> {
     pub content: Raw<'a>,
     /// Where `content` stands in the body.
     pub span: Span,
+    /// A hash of `content`'s bytes, seeded per process: what the memos know it by. A resumed
+    /// view takes it from the earlier turn's reading instead of hashing the bytes again.
+    pub digest: u128,
 }
 
 /// An image a user message carries (a platform attachment, SPEC A5).

@@ -71,7 +71,7 @@ pub fn project(
         if obviously_fits(raw, policy.budget) {
             continue;
         }
-        let key = memo_key(b"", memo.seed(), view.shapes, policy, raw);
+        let key = memo_key(b"", memo.seed(), view.shapes, policy, result);
         let replacement = match memo.page(key) {
             Some(known) => known,
             None => {
@@ -103,14 +103,15 @@ fn obviously_fits(raw: &str, budget: Budget) -> bool {
         && memchr::memchr_iter(b'\\', raw.as_bytes()).count() < budget.lines
 }
 
-/// The memo key of what a tool result's raw content becomes under `policy`, in `domain` (empty
-/// for the text exit's pages; the context guard keeps its placeholders beside them).
+/// The memo key of what a tool result's content (known by its digest) becomes under `policy`,
+/// in `domain` (empty for the text exit's pages; the context guard keeps its placeholders
+/// beside them).
 pub(crate) fn memo_key(
     domain: &[u8],
     seed: u64,
     shapes: &dyn Shapes,
     policy: &Policy<'_>,
-    raw: &str,
+    result: &ToolResult<'_>,
 ) -> u128 {
     let mut h = Xxh3::with_seed(seed);
     h.update(domain);
@@ -119,7 +120,7 @@ pub(crate) fn memo_key(
     h.update(&(policy.budget.units as u64).to_le_bytes());
     h.update(policy.read_tool.as_bytes());
     h.update(&[0, shapes.tag()]);
-    h.update(raw.as_bytes());
+    h.update(&result.digest.to_le_bytes());
     h.digest128()
 }
 

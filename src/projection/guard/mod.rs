@@ -152,8 +152,7 @@ pub(super) fn show_retired(
             budget: ctx.policy.budget(),
             read_tool: ctx.policy.read_tool,
         };
-        let raw = result.content.get();
-        let key = exit::memo_key(b"retired\0", ctx.memo.seed(), view.shapes, &pages, raw);
+        let key = exit::memo_key(b"retired\0", ctx.memo.seed(), view.shapes, &pages, result);
         let with = match ctx.memo.page(key).flatten() {
             Some(known) => known,
             None => {
