@@ -23,7 +23,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::json;
 use sluice::config::RouteConfig;
-use sluice::dialect::resume::Resumes;
+use sluice::dialect::resume::{Receiving, Resumes};
 use sluice::dialect::Dialect;
 use sluice::memo::Memo;
 use sluice::projection::attach::state::{apply, SessionState};
@@ -71,6 +71,9 @@ fn request(turns: usize, shots: &[String]) -> Bytes {
 struct Times {
     /// The view read whole, as before the resumed view (not used further).
     whole: Duration,
+    /// Receiving the body chunk by chunk: copied only, and copied, checked and hashed.
+    copied: Duration,
+    receipt: Duration,
     view: Duration,
     prepare: Duration,
     plan: Duration,
@@ -105,14 +108,24 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
             }
             Bytes::from(copy)
         };
-        let (other, body) = (received(&body), received(&body));
+        let at = Instant::now();
+        let other = received(&body);
+        let copied = at.elapsed();
+        // As the server receives a long body: checked and hashed chunk by chunk.
+        let at = Instant::now();
+        let mut receiving = Receiving::with_capacity(body.len());
+        for chunk in body.chunks(64 * 1024) {
+            receiving.push(chunk);
+        }
+        let (body, checked) = receiving.finish();
+        let receipt = at.elapsed();
         let at = Instant::now();
         black_box(Dialect::AnthropicMessages.read_view(&other).unwrap());
         let whole = at.elapsed();
 
         let at = Instant::now();
         let view = Dialect::AnthropicMessages
-            .read_view_resumed(&body, &resumes)
+            .read_view_resumed(&body, checked.as_ref(), &resumes)
             .unwrap()
             .0;
         let viewed = at.elapsed();
@@ -136,6 +149,8 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
         apply(&mut state, &projection.delta, turn as u64);
         out.push(Times {
             whole,
+            copied,
+            receipt,
             view: viewed,
             prepare: prepared_at - viewed,
             plan: planned - prepared_at,
@@ -181,7 +196,7 @@ fn main() {
         println!(
             "screenshot_turn round {round}: median of turns 2-{turns}: view {:.2} ms (read whole {:.2} ms), \
              prepare {:.2} ms, plan {:.2} ms, splice {:.2} ms; total {:.2} ms; base64 decoded twice {:.2} ms \
-             (total {:.1}x, prepare {:.1}x)",
+             (total {:.1}x, prepare {:.1}x); receiving the body: copied {:.2} ms, copied, checked and hashed {:.2} ms",
             ms(stage(|t| t.view)),
             ms(stage(|t| t.whole)),
             ms(stage(|t| t.prepare)),
@@ -191,6 +206,8 @@ fn main() {
             ms(baseline),
             totals.as_secs_f64() / baseline.as_secs_f64(),
             stage(|t| t.prepare).as_secs_f64() / baseline.as_secs_f64(),
+            ms(stage(|t| t.copied)),
+            ms(stage(|t| t.receipt)),
         );
         if std::env::var_os("EACH").is_some() {
             for (k, t) in times.iter().enumerate() {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::resume::{self, Cursor, Hashed, Mark, Piece, Trail};
+use super::resume::{self, Cursor, Mark, Piece, Text as Checked, Trail};
 use super::{count, digest, span_of, Dialect, Text};
 use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
 
@@ -525,33 +525,28 @@ fn view<'a>(body: &'a str, found: &Found, top: &Top) -> RequestView<'a> {
 /// start). `None` where the walk meets what it does not expect: the caller reads the body
 /// whole, which gives the view or the error as for any body.
 pub(super) fn walk<'a>(
-    body: &'a str,
+    body: &Checked<'a>,
     trail: Option<&Trail<Found>>,
 ) -> Option<(RequestView<'a>, Trail<Found>, usize)> {
-    let mut cur = Cursor { body, at: 0 };
+    let text = body.text;
+    let mut cur = Cursor { body: text, at: 0 };
     let mut marks = Vec::new();
     let agreed = trail.and_then(|t| Some((t, t.agreed(body)?)));
     let mut first = agreed.is_none();
-    let resumed_at = agreed.as_ref().map_or(0, |(_, (mark, _))| mark.at);
-    let (mut reading, mut top, mut hashed) = match agreed {
-        Some((trail, (mark, mut hashed))) => {
-            let mut reading = Reading::resumed(body, &trail.found, &mark);
+    let resumed_at = agreed.as_ref().map_or(0, |(_, mark)| mark.at);
+    let (mut reading, mut top) = match agreed {
+        Some((trail, mark)) => {
+            let mut reading = Reading::resumed(text, &trail.found, &mark);
             marks.extend(trail.marks.iter().take_while(|m| m.at <= mark.at));
             cur.at = mark.at;
-            messages_from(
-                &mut cur,
-                &mut reading,
-                &mut marks,
-                &mut hashed,
-                mark.messages,
-            )?;
-            (reading, trail.found.head.clone(), hashed)
+            messages_from(&mut cur, &mut reading, &mut marks, mark.messages)?;
+            (reading, trail.found.head.clone())
         }
         None => {
             if !cur.eat(b'{') {
                 return None;
             }
-            (Reading::new(body), Top::default(), Hashed::default())
+            (Reading::new(text), Top::default())
         }
     };
     // The top-level object's fields, from the start or from the end of `messages`.
@@ -573,15 +568,16 @@ pub(super) fn walk<'a>(
             if !cur.eat(b'[') {
                 return None;
             }
-            marks.push(mark(&mut cur, &reading, &mut hashed, 0)?);
-            messages_from(&mut cur, &mut reading, &mut marks, &mut hashed, 0)?;
+            marks.push(Mark::at(text, cur.at, 0, reading.counts())?);
+            messages_from(&mut cur, &mut reading, &mut marks, 0)?;
         }
     }
     if !cur.at_end() {
         return None;
     }
-    let view = view(body, &reading.found, &top);
+    let view = view(text, &reading.found, &top);
     let trail = Trail {
+        blocks: body.blocks.clone(),
         marks,
         found: reading.found,
     };
@@ -593,7 +589,6 @@ fn messages_from<'a>(
     cur: &mut Cursor<'a>,
     reading: &mut Reading<'a>,
     marks: &mut Vec<Mark>,
-    hashed: &mut Hashed,
     mut n: usize,
 ) -> Option<()> {
     loop {
@@ -606,22 +601,8 @@ fn messages_from<'a>(
         let message: Message = cur.value()?;
         reading.message(n, &message);
         n += 1;
-        marks.push(mark(cur, reading, hashed, n)?);
+        marks.push(Mark::at(cur.body, cur.at, n, reading.counts())?);
     }
-}
-
-fn mark(
-    cur: &mut Cursor<'_>,
-    reading: &Reading<'_>,
-    hashed: &mut Hashed,
-    n: usize,
-) -> Option<Mark> {
-    Some(Mark {
-        at: cur.at,
-        hash: hashed.to(cur.body, cur.at)?,
-        messages: n,
-        counts: reading.counts(),
-    })
 }
 
 #[cfg(test)]
@@ -800,6 +781,11 @@ mod tests {
         assert_eq!(view.user_images.len(), 1);
     }
 
+    /// A body as the walk takes it.
+    fn checked(body: &str) -> Checked<'_> {
+        Checked::of(body.as_bytes(), None).unwrap()
+    }
+
     /// One message of a generated conversation: kind `k % 6`, numbered `n`.
     fn message(k: u8, n: usize, cached: bool) -> String {
         let cache = if cached {
@@ -813,7 +799,10 @@ mod tests {
             format!(r#""t{n}""#)
         };
         match k % 6 {
-            0 => format!(r#"{{"role":"user","content":"step {n}: \"quoted\"\n"}}"#),
+            0 => format!(
+                r#"{{"role":"user","content":"step {n}: \"quoted\"\n{}"}}"#,
+                "log line\\n".repeat(300 + n)
+            ),
             1 => format!(
                 r#"{{"role":"assistant","content":[{{"type":"tool_use","id":{id},"name":"bash","input":{{}}{cache}}}]}}"#
             ),
@@ -891,10 +880,10 @@ mod tests {
                     .collect();
                 let body = conversation(&messages, before, model, odd);
                 let whole = read(&body);
-                if let Some((view, ..)) = walk(&body, None) {
+                if let Some((view, ..)) = walk(&checked(&body), None) {
                     prop_assert_eq!(format!("{view:?}"), format!("{:?}", whole.as_ref().unwrap()));
                 }
-                match walk(&body, trail.as_ref()) {
+                match walk(&checked(&body), trail.as_ref()) {
                     Some((view, next, _)) => {
                         prop_assert_eq!(format!("{view:?}"), format!("{:?}", whole.as_ref().unwrap()));
                         trail = Some(next);
@@ -912,15 +901,15 @@ mod tests {
             .map(|n| message(1 + n as u8 % 4, n, n == 5))
             .collect();
         let first = conversation(&messages[..5], 1, 0, 7);
-        let (_, trail, from) = walk(&first, None).unwrap();
+        let (_, trail, from) = walk(&checked(&first), None).unwrap();
         assert_eq!(from, 0);
         assert_eq!(trail.marks.len(), 6, "after the [ and after each message");
         // The next turn: one more message, and the cache marker moved onto it (the fifth's
         // bytes are unchanged, so every mark agrees).
         let next = conversation(&messages, 1, 0, 7);
-        let (mark, _) = trail.agreed(&next).unwrap();
+        let mark = trail.agreed(&checked(&next)).unwrap();
         assert_eq!(mark.messages, 5);
-        let (view, again, from) = walk(&next, Some(&trail)).unwrap();
+        let (view, again, from) = walk(&checked(&next), Some(&trail)).unwrap();
         assert_eq!(from, mark.at);
         assert_eq!(format!("{view:?}"), format!("{:?}", read(&next).unwrap()));
         assert_eq!(again.marks.len(), 7);
@@ -929,9 +918,11 @@ mod tests {
         moved[5] = message(1 + 5 % 4, 5, false);
         moved.push(message(3, 6, true));
         let moved = conversation(&moved, 1, 0, 7);
-        let (mark, _) = again.agreed(&moved).unwrap();
+        let mark = again.agreed(&checked(&moved)).unwrap();
         assert_eq!(mark.messages, 5);
         // Another conversation agrees with no mark.
-        assert!(trail.agreed(&conversation(&messages, 0, 0, 7)).is_none());
+        assert!(trail
+            .agreed(&checked(&conversation(&messages, 0, 0, 7)))
+            .is_none());
     }
 }

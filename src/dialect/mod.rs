@@ -92,18 +92,23 @@ impl Dialect {
     /// to when its bytes agree that far (`resume`); the view is the same either way. Also says
     /// how many of the body's bytes were read before, and so not scanned again. Only Anthropic
     /// Messages bodies are resumed so far: the others are read whole.
+    ///
+    /// `received` is what was checked of the body as it arrived, if anything; it spares this
+    /// reading its own pass over the bytes.
     pub fn read_view_resumed<'a>(
         self,
         body: &'a [u8],
+        received: Option<&'a resume::Received>,
         resumes: &resume::Resumes,
     ) -> Result<(RequestView<'a>, usize), serde_json::Error> {
         if body.len() < resume::RESUME_FROM || self != Dialect::AnthropicMessages {
             return Ok((self.read_view(body)?, 0));
         }
-        let text = utf8(body)?;
+        let checked = resume::Text::of(body, received).map_err(|e| not_utf8(&e))?;
+        let text = checked.text;
         let key = resume::Resumes::key(self, text);
         let trail = resumes.anthropic(key);
-        match anthropic::walk(text, trail.as_deref()) {
+        match anthropic::walk(&checked, trail.as_deref()) {
             Some((view, trail, skipped)) => {
                 if !trail.marks.is_empty() {
                     resumes.keep_anthropic(key, trail);
@@ -138,12 +143,14 @@ impl Dialect {
 
 /// The body as text: JSON is UTF-8 (RFC 8259), and a provider would refuse anything else.
 fn utf8(body: &[u8]) -> Result<&str, serde_json::Error> {
-    std::str::from_utf8(body).map_err(|e| {
-        <serde_json::Error as serde::de::Error>::custom(format_args!(
-            "the body is not UTF-8 (at byte {})",
-            e.valid_up_to()
-        ))
-    })
+    std::str::from_utf8(body).map_err(|e| not_utf8(&e))
+}
+
+fn not_utf8(e: &std::str::Utf8Error) -> serde_json::Error {
+    <serde_json::Error as serde::de::Error>::custom(format_args!(
+        "the body is not UTF-8 (at byte {})",
+        e.valid_up_to()
+    ))
 }
 
 impl Family {
@@ -198,9 +205,7 @@ pub(crate) fn span_in(whole: &str, raw: &str) -> Span {
 
 /// The [`crate::projection::ToolResult::digest`] of a tool result's content.
 pub(crate) fn digest(content: &str) -> u128 {
-    static SEED: std::sync::LazyLock<u64> =
-        std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    xxhash_rust::xxh3::xxh3_128_with_seed(content.as_bytes(), *SEED)
+    xxhash_rust::xxh3::xxh3_128_with_seed(content.as_bytes(), resume::seed())
 }
 
 /// A string field that may be absent; borrowed when it has no escapes.

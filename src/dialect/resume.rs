@@ -12,8 +12,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::Deserialize;
-use xxhash_rust::xxh3::Xxh3;
 
 use super::{span_in, Dialect};
 use crate::projection::Span;
@@ -30,24 +30,218 @@ const TABLE_BYTES: u64 = 32 * 1024 * 1024;
 /// A conversation idle this long reads its next body whole.
 const IDLE: Duration = Duration::from_secs(30 * 60);
 
+/// Bodies are hashed in blocks of this many bytes, as they are received ([`Receiving`]).
+const BLOCK: usize = 4096;
+
+/// The seed of every hash here and of the tool results' digests: random per process, so no
+/// one can make two different contents hash alike.
+pub(super) fn seed() -> u64 {
+    static SEED: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    *SEED
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(bytes, seed())
+}
+
+/// The hashes of `text`'s whole blocks.
+fn blocks_of(text: &[u8]) -> Vec<u64> {
+    text.chunks_exact(BLOCK).map(hash).collect()
+}
+
+/// The hash of the bytes of `body` from the start of the block `at` falls in, to `at`.
+fn tail(body: &str, at: usize) -> Option<u64> {
+    body.as_bytes().get(at - at % BLOCK..at).map(hash)
+}
+
 /// A place in a body's message array, just after one of its elements (or just after the `[`):
-/// where a later body may resume, if its bytes before `at` hash to `hash`.
+/// where a later body may resume, if its bytes before `at` are the same.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Mark {
     pub at: usize,
-    pub hash: u128,
+    /// The hash of the bytes from the start of `at`'s block to `at` (the blocks before are in
+    /// the trail's `blocks`).
+    pub tail: u64,
     /// How many messages lie before it.
     pub messages: usize,
     /// How far each of the dialect's lists had grown by then.
     pub counts: [usize; 3],
 }
 
-/// What one body's reading leaves for the next: its marks, and the dialect's findings in a form
-/// that does not borrow the body (spans into it, and the few strings that had escapes).
+impl Mark {
+    pub fn at(body: &str, at: usize, messages: usize, counts: [usize; 3]) -> Option<Mark> {
+        Some(Mark {
+            at,
+            tail: tail(body, at)?,
+            messages,
+            counts,
+        })
+    }
+}
+
+/// What one body's reading leaves for the next: its blocks' hashes, its marks, and the dialect's
+/// findings in a form that does not borrow the body (spans into it, and the few strings that
+/// had escapes).
 #[derive(Debug)]
 pub(super) struct Trail<F> {
+    pub blocks: Arc<[u64]>,
     pub marks: Vec<Mark>,
     pub found: F,
+}
+
+impl<F> Trail<F> {
+    /// The last of its marks `body` agrees with: every byte before it the same, as far as the
+    /// blocks' hashes and the mark's tail tell. `None` when the body differs before the first.
+    pub fn agreed(&self, body: &Text<'_>) -> Option<Mark> {
+        let same = self
+            .blocks
+            .iter()
+            .zip(body.blocks.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.marks
+            .iter()
+            .rev()
+            .filter(|m| m.at / BLOCK <= same)
+            .find(|m| tail(body.text, m.at) == Some(m.tail))
+            .copied()
+    }
+}
+
+/// A body as text, with its blocks' hashes.
+pub(super) struct Text<'a> {
+    pub text: &'a str,
+    pub blocks: Arc<[u64]>,
+}
+
+impl<'a> Text<'a> {
+    /// `body` as text: the checks and hashes made as it was received when `received` holds
+    /// these very bytes, else made now.
+    pub fn of(
+        body: &'a [u8],
+        received: Option<&'a Received>,
+    ) -> Result<Text<'a>, std::str::Utf8Error> {
+        match received {
+            Some(r)
+                if r.text.as_bytes().as_ptr() == body.as_ptr() && r.text.len() == body.len() =>
+            {
+                Ok(Text {
+                    text: r.text.as_str(),
+                    blocks: r.blocks.clone(),
+                })
+            }
+            _ => {
+                let text = std::str::from_utf8(body)?;
+                Ok(Text {
+                    text,
+                    blocks: blocks_of(body).into(),
+                })
+            }
+        }
+    }
+}
+
+/// A body received as text: checked as UTF-8 and its blocks hashed while each chunk was in
+/// hand, so reading it later costs no pass over bytes that are no longer in the cache.
+#[derive(Debug, Clone)]
+pub struct Received {
+    text: Arc<String>,
+    blocks: Arc<[u64]>,
+}
+
+/// The buffer behind a [`Received`] body's bytes.
+struct Shared(Arc<String>);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// A body being received chunk by chunk ([`Received`]). A body that turns out not to be UTF-8
+/// is kept as bytes; its view will say where it is not.
+pub struct Receiving {
+    text: String,
+    /// The start of a character the last chunk ended inside.
+    pending: Vec<u8>,
+    blocks: Vec<u64>,
+    /// Set once a byte is not UTF-8: the bytes from then on.
+    bytes: Option<Vec<u8>>,
+}
+
+impl Receiving {
+    pub fn with_capacity(bytes: usize) -> Self {
+        Receiving {
+            text: String::with_capacity(bytes),
+            pending: Vec::new(),
+            blocks: Vec::with_capacity(bytes / BLOCK),
+            bytes: None,
+        }
+    }
+
+    pub fn push(&mut self, mut chunk: &[u8]) {
+        if let Some(bytes) = &mut self.bytes {
+            bytes.extend_from_slice(chunk);
+            return;
+        }
+        // The rest of a character split between chunks.
+        while let (false, Some((&next, rest))) = (self.pending.is_empty(), chunk.split_first()) {
+            self.pending.push(next);
+            chunk = rest;
+            match std::str::from_utf8(&self.pending) {
+                Ok(c) => {
+                    self.text.push_str(c);
+                    self.pending.clear();
+                }
+                Err(e) if e.error_len().is_some() => return self.broken(chunk),
+                Err(_) => {}
+            }
+        }
+        match std::str::from_utf8(chunk) {
+            Ok(text) => self.text.push_str(text),
+            Err(e) if e.error_len().is_none() => {
+                let (valid, rest) = chunk.split_at(e.valid_up_to());
+                self.text
+                    .push_str(std::str::from_utf8(valid).unwrap_or_default());
+                self.pending.extend_from_slice(rest);
+            }
+            Err(_) => return self.broken(chunk),
+        }
+        let done = self.text.len() / BLOCK;
+        for k in self.blocks.len()..done {
+            let block = self.text.as_bytes().get(k * BLOCK..(k + 1) * BLOCK);
+            self.blocks.push(block.map_or(0, hash));
+        }
+    }
+
+    /// From here on the body is bytes: what was text so far, then `chunk` and what follows.
+    fn broken(&mut self, chunk: &[u8]) {
+        let mut bytes = std::mem::take(&mut self.text).into_bytes();
+        bytes.append(&mut self.pending);
+        bytes.extend_from_slice(chunk);
+        self.bytes = Some(bytes);
+    }
+
+    /// The body's bytes, and what was checked of them if they were all text.
+    pub fn finish(mut self) -> (Bytes, Option<Received>) {
+        if !self.pending.is_empty() {
+            // It ended inside a character.
+            let pending = std::mem::take(&mut self.pending);
+            self.broken(&pending);
+        }
+        match self.bytes {
+            Some(bytes) => (Bytes::from(bytes), None),
+            None => {
+                let text = Arc::new(self.text);
+                let received = Received {
+                    blocks: self.blocks.into(),
+                    text: text.clone(),
+                };
+                (Bytes::from_owner(Shared(text)), Some(received))
+            }
+        }
+    }
 }
 
 /// Text the view found: a span of the body, or (when it had escapes) the unescaped text.
@@ -126,38 +320,6 @@ impl Resumes {
     }
 }
 
-impl<F> Trail<F> {
-    /// The last of its marks that `body` agrees with, and the hash state there; `None` when the
-    /// body differs before the first.
-    pub fn agreed(&self, body: &str) -> Option<(Mark, Hashed)> {
-        let mut hashed = Hashed::default();
-        let mut agreed = None;
-        for mark in &self.marks {
-            if hashed.to(body, mark.at) != Some(mark.hash) {
-                break;
-            }
-            agreed = Some((*mark, hashed.clone()));
-        }
-        agreed
-    }
-}
-
-/// A running hash of a body's first bytes.
-#[derive(Clone, Default)]
-pub(super) struct Hashed {
-    hasher: Xxh3,
-    upto: usize,
-}
-
-impl Hashed {
-    /// The hash of `body[..at]`; `None` if `at` is before what was hashed or past the body.
-    pub fn to(&mut self, body: &str, at: usize) -> Option<u128> {
-        self.hasher.update(body.as_bytes().get(self.upto..at)?);
-        self.upto = at;
-        Some(self.hasher.digest128())
-    }
-}
-
 /// A reader's place in a body, for walking its top-level object and message array by hand.
 pub(super) struct Cursor<'a> {
     pub body: &'a str,
@@ -195,5 +357,46 @@ impl<'a> Cursor<'a> {
     /// Whether only whitespace is left.
     pub fn at_end(&mut self) -> bool {
         self.peek().is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// However a body is cut into chunks, even inside a character, what is received is its
+        /// bytes, checked as text with its blocks hashed when it is UTF-8, and left as bytes
+        /// when it is not.
+        #[test]
+        fn a_body_received_in_any_chunks_is_its_bytes_checked(
+            text in "(a|é|日本|😀|\\\\n|\"){0,3000}",
+            broken in proptest::option::of((any::<prop::sample::Index>(), 0x80u8..0xff)),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let mut bytes = text.into_bytes();
+            if let Some((at, byte)) = broken {
+                let at = at.index(bytes.len() + 1);
+                bytes.insert(at, byte);
+            }
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut receiving = Receiving::with_capacity(bytes.len());
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([bytes.len()]) {
+                receiving.push(&bytes[from..cut]);
+                from = cut;
+            }
+            let (body, received) = receiving.finish();
+            prop_assert_eq!(&body[..], &bytes[..]);
+            let utf8 = std::str::from_utf8(&bytes).is_ok();
+            prop_assert_eq!(received.is_some(), utf8);
+            if let Some(received) = &received {
+                prop_assert_eq!(&received.blocks[..], &blocks_of(&bytes)[..]);
+                let text = Text::of(&body, Some(received)).unwrap();
+                prop_assert_eq!(text.text.as_ptr(), received.text.as_ptr(), "no copy, no second check");
+            }
+        }
     }
 }

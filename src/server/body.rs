@@ -8,6 +8,7 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
+use crate::dialect::resume::{Received, Receiving, RESUME_FROM};
 use crate::encoding::{Coding, DecodeError, Decoder, TooLarge};
 use crate::error::GatewayError;
 
@@ -19,14 +20,24 @@ use super::{Body, BODY_GRACE, BODY_MIN_BYTES_PER_SECOND, BODY_ROOM_WAIT};
 /// returned holds it until dropped; no room within [`BODY_ROOM_WAIT`] is a 503, after the rest
 /// of the body is read and dropped (so the client can read the answer). A single-chunk body is
 /// kept without a copy; a longer one is copied into one buffer as it arrives (sized by its
-/// `content-length`), so the body never takes twice its size.
+/// `content-length`), so the body never takes twice its size. `as_text`: a body long enough
+/// to be read from an earlier turn's trail is checked as UTF-8 and hashed chunk by chunk while
+/// each is in hand ([`Receiving`]); reading its view later costs no pass over cold bytes.
 pub(super) async fn read_body(
     mut incoming: Incoming,
     headers: &http::HeaderMap,
     limit: u64,
     timeout: Duration,
     room: &Arc<tokio::sync::Semaphore>,
-) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), GatewayError> {
+    as_text: bool,
+) -> Result<
+    (
+        Bytes,
+        Option<Received>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
+    GatewayError,
+> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -57,6 +68,9 @@ pub(super) async fn read_body(
     };
     let mut first: Option<Bytes> = None;
     let mut joined = bytes::BytesMut::new();
+    let mut text = declared
+        .filter(|&n| as_text && n >= RESUME_FROM as u64)
+        .map(|n| Receiving::with_capacity(usize::try_from(n).unwrap_or(0)));
     let mut total = 0u64;
     loop {
         let until = deadline.min(paced(total));
@@ -89,11 +103,15 @@ pub(super) async fn read_body(
                     None => held = Some(permit),
                 },
                 None => {
-                    drop((first, joined, held, data));
+                    drop((first, joined, held, data, text));
                     drain_within(incoming, limit, BODY_ROOM_WAIT).await;
                     return Err(GatewayError::Overloaded);
                 }
             }
+        }
+        if let Some(text) = &mut text {
+            text.push(&data);
+            continue;
         }
         match first.take() {
             None if joined.is_empty() => first = Some(data),
@@ -106,8 +124,12 @@ pub(super) async fn read_body(
             }
         }
     }
+    if let Some(text) = text {
+        let (body, received) = text.finish();
+        return Ok((body, received, held));
+    }
     let body = first.unwrap_or_else(|| joined.freeze());
-    Ok((body, held))
+    Ok((body, None, held))
 }
 
 /// `bytes` of room under `max_inflight_body_bytes`, waited for until `deadline`.

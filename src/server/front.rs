@@ -2,6 +2,7 @@
 //! session, plan, read tool. A large body runs them all on the blocking pool, where its view is
 //! read once; a small one reads its view here and sends only image work to the pool.
 
+use crate::dialect::resume::Received;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -67,6 +68,8 @@ pub(super) struct Ask<'r> {
     pub(super) dialect: Dialect,
     pub(super) headers: &'r HeaderMap,
     pub(super) request_id: &'r str,
+    /// What was checked of the body as it arrived (`resume::Receiving`), if anything.
+    pub(super) received: Option<&'r Received>,
 }
 
 impl Shared {
@@ -86,6 +89,7 @@ impl Shared {
         let body = body.clone();
         let (dialect, headers, request_id) =
             (ask.dialect, ask.headers.clone(), ask.request_id.to_owned());
+        let received = ask.received.cloned();
         // The session and artifact reads it awaits are driven by this worker's runtime, which
         // keeps running while the pool thread waits for them.
         let runtime = tokio::runtime::Handle::current();
@@ -95,6 +99,7 @@ impl Shared {
                     dialect,
                     headers: &headers,
                     request_id: &request_id,
+                    received: received.as_ref(),
                 };
                 shared.stages(ask, &body, true).await
             })
@@ -121,7 +126,7 @@ impl Shared {
     ) -> Result<Front, GatewayError> {
         let dialect = ask.dialect;
         let (view, read_before) = dialect
-            .read_view_resumed(body, &self.resumes)
+            .read_view_resumed(body, ask.received, &self.resumes)
             .map_err(|e| GatewayError::BadJson(e.to_string()))?;
         let count = |read, bytes: usize| {
             self.metrics
@@ -175,6 +180,7 @@ impl Shared {
                     let job = Planning {
                         dialect,
                         body: body.clone(),
+                        received: ask.received.cloned(),
                         tenant: tenant.clone(),
                         route: crate::config::RouteConfig {
                             context: limits.clone(),
@@ -376,7 +382,7 @@ impl Shared {
         let planned = tokio::task::spawn_blocking(move || {
             let view = job
                 .dialect
-                .read_view_resumed(&job.body, &shared.resumes)
+                .read_view_resumed(&job.body, job.received.as_ref(), &shared.resumes)
                 .ok()?
                 .0;
             let prepared = projection::Prepared::new(&view, &job.tenant, &shared.memo);
@@ -468,6 +474,7 @@ fn plan(
 struct Planning {
     dialect: Dialect,
     body: Bytes,
+    received: Option<Received>,
     tenant: Tenant,
     route: crate::config::RouteConfig,
     read_tool: String,

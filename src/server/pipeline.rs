@@ -1,5 +1,6 @@
 //! The projected request path, stage by stage: the stage list is on [`App::projected`].
 
+use crate::dialect::resume::Received;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -57,12 +58,13 @@ impl App {
     ) -> Result<Response<Body>, GatewayError> {
         let (mut parts, incoming) = req.into_parts();
         // The body's share of max_inflight_body_bytes, held until the response is produced.
-        let (body, _room) = self.read(&mut parts.headers, incoming).await?;
+        let (body, received, _room) = self.read(&mut parts.headers, incoming).await?;
         let read_at = Instant::now();
         let ask = Ask {
             dialect,
             headers: &parts.headers,
             request_id: &ctx.request_id,
+            received: received.as_ref(),
         };
         let front = self.shared.front(ask, &body).await?;
         let Front {
@@ -173,22 +175,23 @@ impl App {
     }
 
     /// Stage 1: the body, read within its limits and decoded; what is forwarded goes out
-    /// uncompressed.
+    /// uncompressed. A long uncompressed body is checked as text while it arrives.
     async fn read(
         &self,
         headers: &mut http::HeaderMap,
         incoming: Incoming,
-    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), GatewayError> {
+    ) -> Result<(Bytes, Option<Received>, Option<OwnedSemaphorePermit>), GatewayError> {
         let coding = Coding::of(headers).map_err(GatewayError::UnsupportedEncoding)?;
         let limit = self.config.max_body_bytes;
         let timeout = self.config.request_body_timeout();
-        let (mut body, room) =
-            read_body(incoming, headers, limit, timeout, &self.body_room).await?;
+        let as_text = coding == Coding::Identity;
+        let (mut body, received, room) =
+            read_body(incoming, headers, limit, timeout, &self.body_room, as_text).await?;
         if coding != Coding::Identity {
             body = decode_body(body, coding, limit).await?;
             headers.remove(http::header::CONTENT_ENCODING);
         }
-        Ok((body, room))
+        Ok((body, received, room))
     }
 
     /// Stage 8 (T3): spilled text is durable before the model is shown a cursor into it. A
