@@ -453,3 +453,59 @@ async fn a_long_conversation_read_from_its_last_turn_is_projected_as_read_whole(
     assert_eq!(resumed(&mb), 0.0);
     assert!(metric(&mb, "sluice_view_bytes_total{read=\"scanned\"}") > 4.0 * 300_000.0);
 }
+
+/// The resumed view of Responses and Chat bodies (Codex CLI sends its whole `input` every
+/// turn): forwarded as when read whole, turn after turn, the large output spilled (T1).
+#[tokio::test]
+async fn long_openai_conversations_read_from_their_last_turn_are_projected_as_read_whole() {
+    for path in ["/v1/responses", "/v1/chat/completions"] {
+        let (mock_a, mock_b) = (MockUpstream::start(), MockUpstream::start());
+        let (a, b) = (Sluice::in_front_of(&mock_a), Sluice::in_front_of(&mock_b));
+        mock_a.record(true);
+        mock_b.record(true);
+        let log = common::tool_output(300_000);
+        let responses = path == "/v1/responses";
+        let mut items: Vec<Value> = vec![json!({"role": "user", "content": "Fix the build."})];
+        for turn in 0..4 {
+            let (call, output) = if responses {
+                (
+                    json!({"type": "function_call", "call_id": format!("c{turn}"), "name": "shell", "arguments": "{}"}),
+                    json!({"type": "function_call_output", "call_id": format!("c{turn}"), "output": format!("{turn}\n{log}")}),
+                )
+            } else {
+                (
+                    json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{turn}"), "type": "function",
+                        "function": {"name": "shell", "arguments": "{}"}}]}),
+                    json!({"role": "tool", "tool_call_id": format!("c{turn}"), "content": format!("{turn}\n{log}")}),
+                )
+            };
+            items.extend([call, output]);
+            let body = if responses {
+                json!({"model": "gpt-5", "instructions": "You are Codex.", "input": items, "stream": false})
+            } else {
+                json!({"model": "gpt-4o", "messages": items, "stream": false})
+            };
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let spaced = [vec![b' '; turn + 1], bytes.clone()].concat();
+            assert_eq!(post_bytes(&a, path, bytes).await, 200);
+            assert_eq!(post_bytes(&b, path, spaced).await, 200);
+            let (sent_a, sent_b) = (mock_a.last().body, mock_b.last().body);
+            assert_eq!(
+                String::from_utf8_lossy(&sent_a),
+                String::from_utf8_lossy(sent_b.trim_ascii_start()),
+                "{path} turn {turn}: resumed and whole readings forward the same request"
+            );
+            assert!(
+                sent_a.len() < 200_000,
+                "{path} turn {turn}: the outputs are spilled"
+            );
+        }
+        let resumed = |m: &str| metric(m, "sluice_view_bytes_total{read=\"resumed\"}");
+        let (ma, mb) = (a.metrics().await, b.metrics().await);
+        assert!(
+            resumed(&ma) > 3.0 * 300_000.0,
+            "{path}: turns 2 to 4 resumed: {ma}"
+        );
+        assert_eq!(resumed(&mb), 0.0);
+    }
+}

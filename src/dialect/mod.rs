@@ -90,8 +90,7 @@ impl Dialect {
 
     /// [`Dialect::read_view`], resumed where an earlier body of the same conversation was read
     /// to when its bytes agree that far (`resume`); the view is the same either way. Also says
-    /// how many of the body's bytes were read before, and so not scanned again. Only Anthropic
-    /// Messages bodies are resumed so far: the others are read whole.
+    /// how many of the body's bytes were read before, and so not scanned again.
     ///
     /// `received` is what was checked of the body as it arrived, if anything; it spares this
     /// reading its own pass over the bytes.
@@ -101,21 +100,22 @@ impl Dialect {
         received: Option<&'a resume::Received>,
         resumes: &resume::Resumes,
     ) -> Result<(RequestView<'a>, usize), serde_json::Error> {
-        if body.len() < resume::RESUME_FROM || self != Dialect::AnthropicMessages {
+        if body.len() < resume::RESUME_FROM {
             return Ok((self.read_view(body)?, 0));
         }
         let checked = resume::Text::of(body, received).map_err(|e| not_utf8(&e))?;
-        let text = checked.text;
-        let key = resume::Resumes::key(self, text);
-        let trail = resumes.anthropic(key);
-        match anthropic::walk(&checked, trail.as_deref()) {
-            Some((view, trail, skipped)) => {
-                if !trail.marks.is_empty() {
-                    resumes.keep_anthropic(key, trail);
-                }
-                Ok((view, skipped))
+        let walked = match self {
+            Dialect::AnthropicMessages => {
+                resume::read::<anthropic::Reading>(self, &checked, resumes)
             }
-            None => Ok((self.read_text(text)?, 0)),
+            Dialect::OpenAiChat => resume::read::<openai_chat::Reading>(self, &checked, resumes),
+            Dialect::OpenAiResponses => {
+                resume::read::<openai_responses::Reading>(self, &checked, resumes)
+            }
+        };
+        match walked {
+            Some(read) => Ok(read),
+            None => Ok((self.read_text(checked.text)?, 0)),
         }
     }
 

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{count, digest, elements, span_in, Dialect, Text};
-use crate::projection::{Raw, RequestView, ToolResult, UserImage};
+use super::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
+use super::{count, digest, elements, span_in, span_of, Dialect, Text};
+use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -25,7 +26,7 @@ struct Request<'a> {
 }
 
 #[derive(Deserialize)]
-struct Message<'a> {
+pub(super) struct Message<'a> {
     #[serde(borrow)]
     role: Text<'a>,
     #[serde(borrow)]
@@ -60,28 +61,118 @@ struct Part<'a> {
 
 pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
     let request: Request = serde_json::from_str(body)?;
-    let mut names: HashMap<Cow<str>, Cow<str>> = HashMap::new();
-    let mut tool_results = Vec::new();
-    let mut user_images = Vec::new();
+    let mut reading = Reading::new(body);
     for (item, message) in request.messages.iter().enumerate() {
+        reading.message(item, message);
+    }
+    reading.top = Top {
+        model: request.model.as_ref().map(|t| Piece::of(body, t)),
+        tools: request.tools.map(|r| span_of(body, r)),
+        max_output: count(request.max_completion_tokens).or(count(request.max_tokens)),
+        ..Top::default()
+    };
+    Ok(reading.finish().0)
+}
+
+/// The top-level fields the view reads, found so far.
+#[derive(Debug, Default, Clone)]
+struct Top {
+    model: Option<Piece>,
+    tools: Option<Span>,
+    max_completion_tokens: Option<u64>,
+    max_tokens: Option<u64>,
+    /// What the whole reading made of the two (the walk sets the two above).
+    max_output: Option<u64>,
+    seen: Seen,
+}
+
+impl Top {
+    /// [`Walk::field`].
+    fn field(&mut self, key: &str, cur: &mut Cursor<'_>) -> Option<Field> {
+        let body = cur.body;
+        let bit = match key {
+            "model" => 0,
+            "tools" => 1,
+            "max_completion_tokens" => 2,
+            "max_tokens" => 3,
+            "messages" => 4,
+            _ => return cur.value::<serde::de::IgnoredAny>().map(|_| Field::Read),
+        };
+        self.seen.take(bit)?;
+        match bit {
+            0 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
+            1 => self.tools = cur.value::<Option<&RawValue>>()?.map(|r| span_of(body, r)),
+            2 => self.max_completion_tokens = count(cur.value::<Option<&RawValue>>()?),
+            3 => self.max_tokens = count(cur.value::<Option<&RawValue>>()?),
+            _ => return (cur.peek() == Some(b'[')).then_some(Field::List),
+        }
+        self.max_output = self.max_completion_tokens.or(self.max_tokens);
+        Some(Field::Read)
+    }
+}
+
+/// A tool result found, by span.
+#[derive(Debug, Clone)]
+struct Noted {
+    item: usize,
+    source: Piece,
+    tool_name: Option<Piece>,
+    span: Span,
+    digest: u128,
+}
+
+/// What the messages held, by spans: what a trail keeps for the next body.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Found {
+    head: Top,
+    calls: Vec<(Piece, Piece)>,
+    results: Vec<Noted>,
+    images: Vec<(usize, Span)>,
+    /// The first system (or developer) and the first user message: their number and content.
+    first_system: Option<(usize, Option<Span>)>,
+    first_user: Option<(usize, Option<Span>)>,
+}
+
+pub(super) struct Reading<'a> {
+    body: &'a str,
+    top: Top,
+    found: Found,
+    names: HashMap<Cow<'a, str>, Cow<'a, str>>,
+}
+
+impl<'a> Reading<'a> {
+    fn new(body: &'a str) -> Self {
+        Reading {
+            body,
+            top: Top::default(),
+            found: Found::default(),
+            names: HashMap::new(),
+        }
+    }
+
+    fn message(&mut self, item: usize, message: &Message<'a>) {
+        let body = self.body;
+        let content = message.content.map(|c| span_of(body, c));
         match message.role.as_deref() {
             Some("assistant") => {
                 for call in message.tool_calls.iter().flatten() {
                     let name = call.function.as_ref().or(call.custom.as_ref());
                     if let (Some(id), Some(Some(name))) = (&call.id, name.map(|n| &n.name)) {
-                        names.insert(id.clone(), name.clone());
+                        self.found
+                            .calls
+                            .push((Piece::of(body, id), Piece::of(body, name)));
+                        self.names.insert(id.clone(), name.clone());
                     }
                 }
             }
             Some("tool") => {
-                if let (Some(id), Some(content)) = (&message.tool_call_id, message.content) {
-                    tool_results.push(ToolResult {
+                if let (Some(id), Some(raw)) = (&message.tool_call_id, message.content) {
+                    self.found.results.push(Noted {
                         item,
-                        source: id.clone(),
-                        tool_name: names.get(id).cloned(),
-                        content: content.into(),
-                        span: span_in(body, content.get()),
-                        digest: digest(content.get()),
+                        source: Piece::of(body, id),
+                        tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
+                        span: span_of(body, raw),
+                        digest: digest(raw.get()),
                     });
                 }
             }
@@ -91,41 +182,132 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                         continue;
                     };
                     if p.kind.as_deref() == Some("image_url") {
-                        user_images.push(UserImage {
-                            item,
-                            part: part.into(),
-                            span: span_in(body, part.get()),
-                        });
+                        self.found.images.push((item, span_of(body, part)));
                     }
                 }
             }
             _ => {}
         }
+        let role = message.role.as_deref();
+        let f = &mut self.found;
+        if f.first_system.is_none() && matches!(role, Some("system" | "developer")) {
+            f.first_system = Some((item, content));
+        }
+        if f.first_user.is_none() && role == Some("user") {
+            f.first_user = Some((item, content));
+        }
     }
-    let first = |roles: &[&str]| {
-        request
-            .messages
+}
+
+impl<'a> Walk<'a> for Reading<'a> {
+    type Found = Found;
+    type Element = Message<'a>;
+
+    fn start(body: &'a str) -> Self {
+        Reading::new(body)
+    }
+
+    fn resume(body: &'a str, found: &Found, mark: &Mark) -> Self {
+        let [calls, results, images] = mark.counts;
+        let before =
+            |first: &Option<(usize, Option<Span>)>| first.filter(|(item, _)| *item < mark.messages);
+        let found = Found {
+            head: found.head.clone(),
+            calls: found.calls.get(..calls).unwrap_or_default().to_vec(),
+            results: found.results.get(..results).unwrap_or_default().to_vec(),
+            images: found.images.get(..images).unwrap_or_default().to_vec(),
+            first_system: before(&found.first_system),
+            first_user: before(&found.first_user),
+        };
+        let names = found
+            .calls
             .iter()
-            .find(|m| m.role.as_deref().is_some_and(|r| roles.contains(&r)))
-            .and_then(|m| m.content)
-            .map(RawValue::get)
-    };
-    let root = [first(&["system", "developer"]), first(&["user"])]
-        .into_iter()
-        .flatten()
-        .map(Cow::Borrowed)
-        .collect();
-    Ok(RequestView {
-        tools: request.tools.map(Raw::from),
-        conversation: None,
-        root,
-        body,
-        shapes: &Dialect::OpenAiChat,
-        max_output: count(request.max_completion_tokens).or(count(request.max_tokens)),
-        model: request.model,
-        tool_results,
-        user_images,
-    })
+            .map(|(id, name)| (id.text(body), name.text(body)))
+            .collect();
+        Reading {
+            body,
+            top: found.head.clone(),
+            found,
+            names,
+        }
+    }
+
+    fn field(&mut self, key: &str, cur: &mut Cursor<'a>) -> Option<Field> {
+        self.top.field(key, cur)
+    }
+
+    fn list_opened(&mut self) {
+        self.found.head = self.top.clone();
+    }
+
+    fn element(&mut self, n: usize, message: &Message<'a>) {
+        self.message(n, message);
+    }
+
+    fn counts(&self) -> [usize; 3] {
+        let f = &self.found;
+        [f.calls.len(), f.results.len(), f.images.len()]
+    }
+
+    fn finish(self) -> (RequestView<'a>, Found) {
+        let body = self.body;
+        let (f, top) = (&self.found, &self.top);
+        let root = [f.first_system, f.first_user]
+            .into_iter()
+            .filter_map(|first| first.and_then(|(_, content)| content))
+            .map(|span| Cow::Borrowed(resume::at(body, span)))
+            .collect();
+        let view = RequestView {
+            tools: top.tools.map(|s| Raw::read_before(resume::at(body, s))),
+            conversation: None,
+            root,
+            body,
+            shapes: &Dialect::OpenAiChat,
+            max_output: top.max_output,
+            model: top.model.as_ref().map(|p| p.text(body)),
+            tool_results: f
+                .results
+                .iter()
+                .map(|k| ToolResult {
+                    item: k.item,
+                    source: k.source.text(body),
+                    tool_name: k.tool_name.as_ref().map(|p| p.text(body)),
+                    content: Raw::read_before(resume::at(body, k.span)),
+                    span: k.span,
+                    digest: k.digest,
+                })
+                .collect(),
+            user_images: f
+                .images
+                .iter()
+                .map(|&(item, span)| UserImage {
+                    item,
+                    part: Raw::read_before(resume::at(body, span)),
+                    span,
+                })
+                .collect(),
+        };
+        (view, self.found)
+    }
+}
+
+impl Kept for Found {
+    fn weight(&self) -> usize {
+        self.calls
+            .iter()
+            .map(|(a, b)| a.weight() + b.weight())
+            .sum::<usize>()
+            + self
+                .results
+                .iter()
+                .map(|k| 64 + k.source.weight())
+                .sum::<usize>()
+            + self.images.len() * 24
+    }
+
+    fn table(resumes: &Resumes) -> &Table<Self> {
+        &resumes.chat
+    }
 }
 
 /// Each message's span and whether it is a `tool` message. A second pass over the messages,
@@ -159,6 +341,8 @@ pub fn message_spans(body: &str) -> Option<Vec<(crate::projection::Span, bool)>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::resume::{walk, walked_as_whole, Text as Checked, Trail};
+    use proptest::prelude::*;
 
     #[test]
     fn reads_tool_results_with_names_and_spans() {
@@ -181,5 +365,87 @@ mod tests {
         assert_eq!(view.user_images.len(), 1);
         let img = &view.user_images[0];
         assert!(body[img.span.start..img.span.end].starts_with(r#"{"type":"image_url""#));
+    }
+
+    /// One message of a generated chat conversation: kind `k % 6`, numbered `n`.
+    fn message(k: u8, n: usize, marked: bool) -> String {
+        let mark = if marked { r#","x_marked":true"# } else { "" };
+        let id = if k % 7 == 6 {
+            format!(r#""c\u0031{n}""#)
+        } else {
+            format!(r#""c{n}""#)
+        };
+        match k % 6 {
+            0 => format!(
+                r#"{{"role":"user","content":"step {n}\n{}"{mark}}}"#,
+                "log line\\n".repeat(300 + n)
+            ),
+            1 => format!(
+                r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":{id},"type":"function","function":{{"name":"bash","arguments":"{{}}"}}}}]{mark}}}"#
+            ),
+            2 => format!(r#"{{"role":"tool","tool_call_id":{id},"content":"out {n}"{mark}}}"#),
+            3 => format!(
+                r#"{{"role":"user","content":[{{"type":"text","text":"see"}},{{"type":"image_url","image_url":{{"url":"data:image/png;base64,QUJD{n}"}}}}]{mark}}}"#
+            ),
+            4 => format!(r#"{{"role":"system","content":"be brief {n}"{mark}}}"#),
+            _ => format!(r#"{{ "content" : [1, {{"x":[{n}]}}], "role" : "assistant"{mark} }}"#),
+        }
+    }
+
+    fn conversation(messages: &[String], before: usize, model: u8, odd: u8) -> String {
+        let ws = ["", " ", "\n  "][usize::from(model) % 3];
+        let mut fields = vec![
+            format!(r#""model":{ws}"gpt-{model}""#),
+            r#""max_tokens":100"#.to_string(),
+            r#""max_completion_tokens":200"#.to_string(),
+            r#""tools":[{"type":"function","function":{"name":"bash"}}]"#.to_string(),
+            r#""stream":true"#.to_string(),
+        ];
+        match odd % 8 {
+            0 => fields.push(r#""max_tokens":7"#.to_string()),
+            1 => fields.push(r#""messages":[]"#.to_string()),
+            2 => fields.push(r#""model":5"#.to_string()),
+            3 => fields.push(r#""extra":[1,2,}"#.to_string()),
+            _ => {}
+        }
+        let messages = format!(
+            r#""messages":{ws}[{ws}{}{ws}]"#,
+            messages.join(&format!(",{ws}"))
+        );
+        fields.insert(before.min(fields.len()), messages);
+        let tail = if odd % 8 == 4 { " x" } else { "" };
+        format!("{{{ws}{}{ws}}}{tail}", fields.join(","))
+    }
+
+    proptest! {
+        /// The resumed view (runtime issue) of chat bodies.
+        #[test]
+        fn a_resumed_walk_reads_what_a_whole_reading_reads(
+            steps in prop::collection::vec((0u8..8, any::<u8>(), any::<u8>()), 1..14),
+            before in 0usize..6,
+        ) {
+            let (mut kinds, mut marked, mut model, mut bodies) = (Vec::new(), None, 0u8, Vec::new());
+            for (op, k, odd) in steps {
+                match op {
+                    0..=3 => kinds.push(k),
+                    4 => marked = kinds.len().checked_sub(1),
+                    5 => model = model.wrapping_add(1),
+                    6 => if let Some(first) = kinds.first_mut() { *first = first.wrapping_add(1) },
+                    _ => {}
+                }
+                let odd = if op == 7 { odd % 5 } else { 7 };
+                let messages: Vec<String> = kinds
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &k)| message(k, n, marked == Some(n)))
+                    .collect();
+                bodies.push((conversation(&messages, before, model, odd), odd < 7));
+            }
+            let walk = |t: &Checked<'_>, trail: Option<&Trail<Found>>| {
+                walk::<Reading>(t, trail.and_then(|tr| Some((tr, tr.agreed(t)?)))).map(|(v, t, _)| (format!("{v:?}"), t))
+            };
+            let whole = |body: &str| read(body).ok().map(|v| format!("{v:?}"));
+            prop_assert_eq!(walked_as_whole(&bodies, walk, whole), Ok(()));
+        }
     }
 }

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{count, digest, elements, span_in, Dialect, Text};
-use crate::projection::{Raw, RequestView, ToolResult, UserImage};
+use super::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
+use super::{count, digest, elements, span_of, Dialect, Text};
+use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -27,7 +28,7 @@ struct Request<'a> {
 }
 
 #[derive(Deserialize)]
-struct Item<'a> {
+pub(super) struct Item<'a> {
     #[serde(borrow, rename = "type")]
     kind: Text<'a>,
     #[serde(borrow)]
@@ -54,24 +55,131 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         Some(raw) if raw.get().starts_with('[') => serde_json::from_str(raw.get())?,
         _ => Vec::new(),
     };
-    let mut names: HashMap<Cow<str>, Cow<str>> = HashMap::new();
-    let mut tool_results = Vec::new();
-    let mut user_images = Vec::new();
+    let mut reading = Reading::new(body);
     for (index, item) in items.iter().enumerate() {
+        reading.item(index, item);
+    }
+    reading.top = Top {
+        model: request.model.as_ref().map(|t| Piece::of(body, t)),
+        tools: request.tools.map(|r| span_of(body, r)),
+        input_text: request
+            .input
+            .filter(|raw| raw.get().starts_with('"'))
+            .map(|r| span_of(body, r)),
+        instructions: request.instructions.map(|r| span_of(body, r)),
+        prompt_cache_key: request
+            .prompt_cache_key
+            .as_ref()
+            .map(|t| Piece::of(body, t)),
+        max_output: count(request.max_output_tokens),
+        seen: Seen::default(),
+    };
+    Ok(reading.finish().0)
+}
+
+/// The top-level fields the view reads, found so far.
+#[derive(Debug, Default, Clone)]
+struct Top {
+    model: Option<Piece>,
+    tools: Option<Span>,
+    /// `input` when it is a string (it holds no items then).
+    input_text: Option<Span>,
+    instructions: Option<Span>,
+    prompt_cache_key: Option<Piece>,
+    max_output: Option<u64>,
+    seen: Seen,
+}
+
+impl Top {
+    /// [`Walk::field`].
+    fn field(&mut self, key: &str, cur: &mut Cursor<'_>) -> Option<Field> {
+        let body = cur.body;
+        let bit = match key {
+            "model" => 0,
+            "tools" => 1,
+            "input" => 2,
+            "instructions" => 3,
+            "prompt_cache_key" => 4,
+            "max_output_tokens" => 5,
+            _ => return cur.value::<serde::de::IgnoredAny>().map(|_| Field::Read),
+        };
+        self.seen.take(bit)?;
+        fn raw<'a>(cur: &mut Cursor<'a>) -> Option<Option<&'a RawValue>> {
+            cur.value()
+        }
+        match bit {
+            0 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
+            1 => self.tools = raw(cur)?.map(|r| span_of(body, r)),
+            2 if cur.peek() == Some(b'[') => return Some(Field::List),
+            2 => {
+                self.input_text = raw(cur)?
+                    .filter(|r| r.get().starts_with('"'))
+                    .map(|r| span_of(body, r))
+            }
+            3 => self.instructions = raw(cur)?.map(|r| span_of(body, r)),
+            4 => self.prompt_cache_key = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
+            _ => self.max_output = count(raw(cur)?),
+        }
+        Some(Field::Read)
+    }
+}
+
+/// A tool result found, by span.
+#[derive(Debug, Clone)]
+struct Noted {
+    item: usize,
+    source: Piece,
+    tool_name: Option<Piece>,
+    span: Span,
+    digest: u128,
+}
+
+/// What the input items held, by spans: what a trail keeps for the next body.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Found {
+    head: Top,
+    calls: Vec<(Piece, Piece)>,
+    results: Vec<Noted>,
+    images: Vec<(usize, Span)>,
+    /// The first user item: its number and content.
+    first_user: Option<(usize, Option<Span>)>,
+}
+
+pub(super) struct Reading<'a> {
+    body: &'a str,
+    top: Top,
+    found: Found,
+    names: HashMap<Cow<'a, str>, Cow<'a, str>>,
+}
+
+impl<'a> Reading<'a> {
+    fn new(body: &'a str) -> Self {
+        Reading {
+            body,
+            top: Top::default(),
+            found: Found::default(),
+            names: HashMap::new(),
+        }
+    }
+
+    fn item(&mut self, index: usize, item: &Item<'a>) {
+        let body = self.body;
         match (item.kind.as_deref(), item.role.as_deref()) {
             (Some("function_call" | "custom_tool_call"), _) => {
                 if let (Some(id), Some(name)) = (&item.call_id, &item.name) {
-                    names.insert(id.clone(), name.clone());
+                    self.found
+                        .calls
+                        .push((Piece::of(body, id), Piece::of(body, name)));
+                    self.names.insert(id.clone(), name.clone());
                 }
             }
             (Some("function_call_output" | "custom_tool_call_output"), _) => {
                 if let (Some(id), Some(output)) = (&item.call_id, item.output) {
-                    tool_results.push(ToolResult {
+                    self.found.results.push(Noted {
                         item: index,
-                        source: id.clone(),
-                        tool_name: names.get(id).cloned(),
-                        content: output.into(),
-                        span: span_in(body, output.get()),
+                        source: Piece::of(body, id),
+                        tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
+                        span: span_of(body, output),
                         digest: digest(output.get()),
                     });
                 }
@@ -82,46 +190,135 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                         continue;
                     };
                     if p.kind.as_deref() == Some("input_image") {
-                        user_images.push(UserImage {
-                            item: index,
-                            part: part.into(),
-                            span: span_in(body, part.get()),
-                        });
+                        self.found.images.push((index, span_of(body, part)));
                     }
                 }
             }
             _ => {}
         }
+        if self.found.first_user.is_none() && item.role.as_deref() == Some("user") {
+            self.found.first_user = Some((index, item.content.map(|c| span_of(body, c))));
+        }
     }
-    let first_user = match request.input {
-        Some(raw) if raw.get().starts_with('"') => Some(raw.get()),
-        _ => items
+}
+
+impl<'a> Walk<'a> for Reading<'a> {
+    type Found = Found;
+    type Element = Item<'a>;
+
+    fn start(body: &'a str) -> Self {
+        Reading::new(body)
+    }
+
+    fn resume(body: &'a str, found: &Found, mark: &Mark) -> Self {
+        let [calls, results, images] = mark.counts;
+        let found = Found {
+            head: found.head.clone(),
+            calls: found.calls.get(..calls).unwrap_or_default().to_vec(),
+            results: found.results.get(..results).unwrap_or_default().to_vec(),
+            images: found.images.get(..images).unwrap_or_default().to_vec(),
+            first_user: found.first_user.filter(|(item, _)| *item < mark.messages),
+        };
+        let names = found
+            .calls
             .iter()
-            .find(|i| i.role.as_deref() == Some("user"))
-            .and_then(|i| i.content)
-            .map(RawValue::get),
-    };
-    let root = [request.instructions.map(RawValue::get), first_user]
-        .into_iter()
-        .flatten()
-        .map(Cow::Borrowed)
-        .collect();
-    Ok(RequestView {
-        tools: request.tools.map(Raw::from),
-        conversation: request.prompt_cache_key,
-        root,
-        body,
-        shapes: &Dialect::OpenAiResponses,
-        max_output: count(request.max_output_tokens),
-        model: request.model,
-        tool_results,
-        user_images,
-    })
+            .map(|(id, name)| (id.text(body), name.text(body)))
+            .collect();
+        Reading {
+            body,
+            top: found.head.clone(),
+            found,
+            names,
+        }
+    }
+
+    fn field(&mut self, key: &str, cur: &mut Cursor<'a>) -> Option<Field> {
+        self.top.field(key, cur)
+    }
+
+    fn list_opened(&mut self) {
+        self.found.head = self.top.clone();
+    }
+
+    fn element(&mut self, n: usize, item: &Item<'a>) {
+        self.item(n, item);
+    }
+
+    fn counts(&self) -> [usize; 3] {
+        let f = &self.found;
+        [f.calls.len(), f.results.len(), f.images.len()]
+    }
+
+    fn finish(self) -> (RequestView<'a>, Found) {
+        let body = self.body;
+        let (f, top) = (&self.found, &self.top);
+        let first_user = match top.input_text {
+            Some(text) => Some(text),
+            None => f.first_user.and_then(|(_, content)| content),
+        };
+        let root = [top.instructions, first_user]
+            .into_iter()
+            .flatten()
+            .map(|span| Cow::Borrowed(resume::at(body, span)))
+            .collect();
+        let view = RequestView {
+            tools: top.tools.map(|s| Raw::read_before(resume::at(body, s))),
+            conversation: top.prompt_cache_key.as_ref().map(|p| p.text(body)),
+            root,
+            body,
+            shapes: &Dialect::OpenAiResponses,
+            max_output: top.max_output,
+            model: top.model.as_ref().map(|p| p.text(body)),
+            tool_results: f
+                .results
+                .iter()
+                .map(|k| ToolResult {
+                    item: k.item,
+                    source: k.source.text(body),
+                    tool_name: k.tool_name.as_ref().map(|p| p.text(body)),
+                    content: Raw::read_before(resume::at(body, k.span)),
+                    span: k.span,
+                    digest: k.digest,
+                })
+                .collect(),
+            user_images: f
+                .images
+                .iter()
+                .map(|&(item, span)| UserImage {
+                    item,
+                    part: Raw::read_before(resume::at(body, span)),
+                    span,
+                })
+                .collect(),
+        };
+        (view, self.found)
+    }
+}
+
+impl Kept for Found {
+    fn weight(&self) -> usize {
+        self.calls
+            .iter()
+            .map(|(a, b)| a.weight() + b.weight())
+            .sum::<usize>()
+            + self
+                .results
+                .iter()
+                .map(|k| 64 + k.source.weight())
+                .sum::<usize>()
+            + self.images.len() * 24
+    }
+
+    fn table(resumes: &Resumes) -> &Table<Self> {
+        &resumes.responses
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::resume::{walk, walked_as_whole, Text as Checked, Trail};
+    use proptest::prelude::*;
 
     #[test]
     fn reads_function_call_outputs() {
@@ -141,5 +338,98 @@ mod tests {
     fn string_input_has_nothing_to_project() {
         let view = read(r#"{"model":"gpt-5","input":"hello"}"#).unwrap();
         assert!(view.tool_results.is_empty());
+    }
+
+    /// One input item of a generated Responses conversation: kind `k % 6`, numbered `n`.
+    fn item(k: u8, n: usize, marked: bool) -> String {
+        let mark = if marked {
+            r#","status":"completed""#
+        } else {
+            ""
+        };
+        let id = if k % 7 == 6 {
+            format!(r#""c\u0031{n}""#)
+        } else {
+            format!(r#""c{n}""#)
+        };
+        match k % 6 {
+            0 => format!(
+                r#"{{"role":"user","content":"step {n}\n{}"{mark}}}"#,
+                "log line\\n".repeat(300 + n)
+            ),
+            1 => format!(
+                r#"{{"type":"function_call","call_id":{id},"name":"shell","arguments":"{{}}"{mark}}}"#
+            ),
+            2 => format!(
+                r#"{{"type":"function_call_output","call_id":{id},"output":"out {n}"{mark}}}"#
+            ),
+            3 => format!(
+                r#"{{"type":"message","role":"user","content":[{{"type":"input_text","text":"see"}},{{"type":"input_image","image_url":"data:image/png;base64,QUJD{n}"}}]{mark}}}"#
+            ),
+            4 => format!(r#"{{"type":"reasoning","summary":[]{mark}}}"#),
+            _ => format!(
+                r#"{{ "content" : [{{"type":"output_text","text":"{n}"}}], "role" : "assistant"{mark} }}"#
+            ),
+        }
+    }
+
+    fn conversation(items: &[String], before: usize, model: u8, odd: u8) -> String {
+        let ws = ["", " ", "\n  "][usize::from(model) % 3];
+        let mut fields = vec![
+            format!(r#""model":{ws}"gpt-{model}""#),
+            r#""instructions":"be brief""#.to_string(),
+            r#""prompt_cache_key":"k\"1""#.to_string(),
+            r#""max_output_tokens":100"#.to_string(),
+            r#""tools":[{"type":"function","name":"shell"}]"#.to_string(),
+            r#""stream":true"#.to_string(),
+        ];
+        match odd % 8 {
+            0 => fields.push(r#""max_output_tokens":7"#.to_string()),
+            1 => fields.push(r#""input":[]"#.to_string()),
+            2 => fields.push(r#""model":5"#.to_string()),
+            3 => fields.push(r#""extra":[1,2,}"#.to_string()),
+            _ => {}
+        }
+        let input = if odd % 8 == 5 {
+            r#""input":"just text""#.to_string()
+        } else {
+            format!(r#""input":{ws}[{ws}{}{ws}]"#, items.join(&format!(",{ws}")))
+        };
+        fields.insert(before.min(fields.len()), input);
+        let tail = if odd % 8 == 4 { " x" } else { "" };
+        format!("{{{ws}{}{ws}}}{tail}", fields.join(","))
+    }
+
+    proptest! {
+        /// The resumed view (runtime issue) of Responses bodies.
+        #[test]
+        fn a_resumed_walk_reads_what_a_whole_reading_reads(
+            steps in prop::collection::vec((0u8..8, any::<u8>(), any::<u8>()), 1..14),
+            before in 0usize..7,
+        ) {
+            let (mut kinds, mut marked, mut model, mut bodies) = (Vec::new(), None, 0u8, Vec::new());
+            for (op, k, odd) in steps {
+                match op {
+                    0..=3 => kinds.push(k),
+                    4 => marked = kinds.len().checked_sub(1),
+                    5 => model = model.wrapping_add(1),
+                    6 => if let Some(first) = kinds.first_mut() { *first = first.wrapping_add(1) },
+                    _ => {}
+                }
+                // 5: a string input, as ordinary as an array.
+                let odd = if op == 7 { odd % 6 } else { 7 };
+                let items: Vec<String> = kinds
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &k)| item(k, n, marked == Some(n)))
+                    .collect();
+                bodies.push((conversation(&items, before, model, odd), odd < 5));
+            }
+            let walk = |t: &Checked<'_>, trail: Option<&Trail<Found>>| {
+                walk::<Reading>(t, trail.and_then(|tr| Some((tr, tr.agreed(t)?)))).map(|(v, t, _)| (format!("{v:?}"), t))
+            };
+            let whole = |body: &str| read(body).ok().map(|v| format!("{v:?}"));
+            prop_assert_eq!(walked_as_whole(&bodies, walk, whole), Ok(()));
+        }
     }
 }

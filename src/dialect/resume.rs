@@ -16,14 +16,16 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::{span_in, Dialect};
-use crate::projection::Span;
+use crate::projection::{RequestView, Span};
 
 /// Bodies shorter than this are read whole and leave no trail: the scan costs less than the
 /// hashing and the table.
-pub const RESUME_FROM: usize = 256 * 1024;
-/// A body's trail is found under a hash of its first bytes (the request's head and the start of
-/// its first messages, the same every turn of a conversation).
-const KEY_BYTES: usize = 64 * 1024;
+pub const RESUME_FROM: usize = 64 * 1024;
+/// A body's trails are found under a hash of its first bytes (the request's head and the start
+/// of its first messages, the same every turn of a conversation).
+const KEY_BYTES: usize = 16 * 1024;
+/// Trails kept under one key.
+const TRAILS_PER_KEY: usize = 4;
 /// What the table holds at most, by the trails' estimated size; a trail is a few hundred bytes
 /// per message.
 const TABLE_BYTES: u64 = 32 * 1024 * 1024;
@@ -283,40 +285,236 @@ pub(super) fn at(body: &str, span: Span) -> &str {
     body.get(span.start..span.end).unwrap_or_default()
 }
 
+/// The trails of a first-bytes key, the newest first: conversations that start alike (an agent's
+/// sub-agents, with one system prompt) each keep theirs.
+pub(super) type Table<F> = moka::sync::Cache<u64, Arc<Vec<Arc<Trail<F>>>>>;
+
+/// What a dialect's trail keeps ([`Walk::Found`]): its size for the table, and its table.
+pub(super) trait Kept: Sized + Send + Sync + 'static {
+    /// Bytes it takes, roughly.
+    fn weight(&self) -> usize;
+    fn table(resumes: &Resumes) -> &Table<Self>;
+}
+
 /// The trails of the bodies read lately, by dialect and first bytes. Only hashes of the bytes and
 /// spans are kept, never the bytes; a trail is used only by a body whose bytes hash the same.
 pub struct Resumes {
-    anthropic: moka::sync::Cache<u64, Arc<Trail<super::anthropic::Found>>>,
+    pub(super) anthropic: Table<super::anthropic::Found>,
+    pub(super) chat: Table<super::openai_chat::Found>,
+    pub(super) responses: Table<super::openai_responses::Found>,
+}
+
+fn table<F: Kept>() -> Table<F> {
+    moka::sync::Cache::builder()
+        .max_capacity(TABLE_BYTES / 3)
+        .weigher(|_, trails: &Arc<Vec<Arc<Trail<F>>>>| {
+            let bytes: usize = trails
+                .iter()
+                .map(|trail| {
+                    trail.marks.len() * std::mem::size_of::<Mark>()
+                        + trail.blocks.len() * 8
+                        + trail.found.weight()
+                })
+                .sum();
+            u32::try_from(bytes).unwrap_or(u32::MAX)
+        })
+        .time_to_idle(IDLE)
+        .build()
 }
 
 impl Default for Resumes {
     fn default() -> Self {
         Resumes {
-            anthropic: moka::sync::Cache::builder()
-                .max_capacity(TABLE_BYTES)
-                .weigher(|_, trail: &Arc<Trail<super::anthropic::Found>>| {
-                    let bytes =
-                        trail.marks.len() * std::mem::size_of::<Mark>() + trail.found.weight();
-                    u32::try_from(bytes).unwrap_or(u32::MAX)
-                })
-                .time_to_idle(IDLE)
-                .build(),
+            anthropic: table(),
+            chat: table(),
+            responses: table(),
         }
     }
 }
 
 impl Resumes {
-    pub(super) fn key(dialect: Dialect, body: &str) -> u64 {
+    fn key(dialect: Dialect, body: &str) -> u64 {
         let head = body.as_bytes().get(..KEY_BYTES).unwrap_or(body.as_bytes());
-        xxhash_rust::xxh3::xxh3_64_with_seed(head, dialect as u64)
+        xxhash_rust::xxh3::xxh3_64_with_seed(head, seed() ^ dialect as u64)
     }
+}
 
-    pub(super) fn anthropic(&self, key: u64) -> Option<Arc<Trail<super::anthropic::Found>>> {
-        self.anthropic.get(&key)
+/// How a dialect's reading is walked ([`walk`]): its top-level fields, and the list (messages or
+/// input items) walked element by element.
+pub(super) trait Walk<'a>: Sized {
+    /// What the trail keeps of the reading, by spans.
+    type Found: Kept;
+    type Element: Deserialize<'a>;
+    fn start(body: &'a str) -> Self;
+    /// Carries on from what an earlier body had found before `mark` (its bytes up to there are
+    /// this body's).
+    fn resume(body: &'a str, found: &Self::Found, mark: &Mark) -> Self;
+    /// Reads the top-level field `key` at the cursor, or says it is the list (an array, next);
+    /// `None` where the whole reading would fail or read it differently.
+    fn field(&mut self, key: &str, cur: &mut Cursor<'a>) -> Option<Field>;
+    /// The list's `[` is reached: the fields before it go in the trail.
+    fn list_opened(&mut self);
+    fn element(&mut self, n: usize, element: &Self::Element);
+    /// How far each of the reading's lists has grown.
+    fn counts(&self) -> [usize; 3];
+    fn finish(self) -> (RequestView<'a>, Self::Found);
+}
+
+/// What a top-level field was ([`Walk::field`]).
+pub(super) enum Field {
+    Read,
+    List,
+}
+
+/// Reads `body` by walking it, resumed from the trail of its dialect's table when one agrees
+/// with it, and leaves its own trail there; also says where it resumed (0: from the start).
+/// `None` where the walk meets what it does not expect: the caller reads the body whole, which
+/// gives the view or the error as for any body.
+pub(super) fn read<'a, W: Walk<'a>>(
+    dialect: Dialect,
+    body: &Text<'a>,
+    resumes: &Resumes,
+) -> Option<(RequestView<'a>, usize)> {
+    let key = Resumes::key(dialect, body.text);
+    let table = W::Found::table(resumes);
+    let trails = table.get(&key).unwrap_or_default();
+    // The trail this body agrees with furthest.
+    let agreed = trails
+        .iter()
+        .filter_map(|t| Some((t, t.agreed(body)?)))
+        .max_by_key(|(_, mark)| mark.at);
+    let (view, trail, at) = walk::<W>(body, agreed.map(|(t, m)| (&**t, m)))?;
+    if !trail.marks.is_empty() {
+        // It takes the place of the trail it continues: one it agrees with to its last message,
+        // or to the one before (whose bytes the client's cache marker may have changed). A trail
+        // it shares only a start with is another conversation's, and stays.
+        let continued = |t: &Arc<Trail<W::Found>>| {
+            agreed.is_some_and(|(a, mark)| {
+                let last = a.marks.last().map_or(0, |m| m.messages);
+                Arc::ptr_eq(a, t) && mark.messages + 1 >= last
+            })
+        };
+        let kept = std::iter::once(Arc::new(trail))
+            .chain(trails.iter().filter(|t| !continued(t)).cloned())
+            .take(TRAILS_PER_KEY)
+            .collect();
+        table.insert(key, Arc::new(kept));
     }
+    Some((view, at))
+}
 
-    pub(super) fn keep_anthropic(&self, key: u64, trail: Trail<super::anthropic::Found>) {
-        self.anthropic.insert(key, Arc::new(trail));
+/// The walk itself: from the last mark of `trail` the body agrees with, else from the start.
+pub(super) fn walk<'a, W: Walk<'a>>(
+    body: &Text<'a>,
+    agreed: Option<(&Trail<W::Found>, Mark)>,
+) -> Option<(RequestView<'a>, Trail<W::Found>, usize)> {
+    let text = body.text;
+    let mut cur = Cursor { body: text, at: 0 };
+    let mut marks = Vec::new();
+    let mut first = agreed.is_none();
+    let resumed_at = agreed.as_ref().map_or(0, |(_, mark)| mark.at);
+    let mut walk = match agreed {
+        Some((trail, mark)) => {
+            let mut walk = W::resume(text, &trail.found, &mark);
+            marks.extend(trail.marks.iter().take_while(|m| m.at <= mark.at));
+            cur.at = mark.at;
+            elements(&mut cur, &mut walk, &mut marks, mark.messages)?;
+            walk
+        }
+        None => {
+            if !cur.eat(b'{') {
+                return None;
+            }
+            W::start(text)
+        }
+    };
+    // The top-level object's fields, from the start or from the end of the list.
+    loop {
+        if cur.eat(b'}') {
+            break;
+        }
+        if !first && !cur.eat(b',') {
+            return None;
+        }
+        first = false;
+        let key: Key = cur.value()?;
+        if !cur.eat(b':') {
+            return None;
+        }
+        if let Field::List = walk.field(&key.0, &mut cur)? {
+            if !cur.eat(b'[') {
+                return None;
+            }
+            walk.list_opened();
+            marks.push(Mark::at(text, cur.at, 0, walk.counts())?);
+            elements(&mut cur, &mut walk, &mut marks, 0)?;
+        }
+    }
+    if !cur.at_end() {
+        return None;
+    }
+    let (view, found) = walk.finish();
+    let trail = Trail {
+        blocks: body.blocks.clone(),
+        marks,
+        found,
+    };
+    Some((view, trail, resumed_at))
+}
+
+/// Walks the list from after its `[` or after element number `n` - 1, to after its `]`.
+fn elements<'a, W: Walk<'a>>(
+    cur: &mut Cursor<'a>,
+    walk: &mut W,
+    marks: &mut Vec<Mark>,
+    mut n: usize,
+) -> Option<()> {
+    loop {
+        if cur.eat(b']') {
+            return Some(());
+        }
+        if n > 0 && !cur.eat(b',') {
+            return None;
+        }
+        let element: W::Element = cur.value()?;
+        walk.element(n, &element);
+        n += 1;
+        marks.push(Mark::at(cur.body, cur.at, n, walk.counts())?);
+    }
+}
+
+/// An object key, borrowed from the body when it has no escapes.
+pub(super) struct Key<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<Key<'a>>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Key<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(Visit(std::marker::PhantomData))
+    }
+}
+
+/// The fields read so far, one bit each: a walk that meets one twice gives up (the whole
+/// reading refuses a known field twice).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Seen(u8);
+
+impl Seen {
+    /// Takes field number `bit`; `None` if it was taken before.
+    pub fn take(&mut self, bit: u8) -> Option<()> {
+        let mask = 1u8.checked_shl(u32::from(bit))?;
+        (self.0 & mask == 0).then(|| self.0 |= mask)
     }
 }
 
@@ -358,6 +556,40 @@ impl<'a> Cursor<'a> {
     pub fn at_end(&mut self) -> bool {
         self.peek().is_none()
     }
+}
+
+/// Test support for each dialect's walk: over a conversation's bodies, each walked from the
+/// previous trail (and from none) gives the whole reading's view, or gives up, which only an
+/// odd body may make it do.
+#[cfg(test)]
+pub(super) fn walked_as_whole<F>(
+    bodies: &[(String, bool)],
+    walk: impl Fn(&Text<'_>, Option<&Trail<F>>) -> Option<(String, Trail<F>)>,
+    whole: impl Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    let mut trail: Option<Trail<F>> = None;
+    for (body, odd) in bodies {
+        let text = Text::of(body.as_bytes(), None).map_err(|e| e.to_string())?;
+        let expected = whole(body);
+        if let Some((view, _)) = walk(&text, None) {
+            if Some(&view) != expected.as_ref() {
+                return Err(format!(
+                    "walked from the start: {view}\nwhole: {expected:?}\n{body}"
+                ));
+            }
+        }
+        match walk(&text, trail.as_ref()) {
+            Some((view, next)) => {
+                if Some(&view) != expected.as_ref() {
+                    return Err(format!("resumed: {view}\nwhole: {expected:?}\n{body}"));
+                }
+                trail = Some(next);
+            }
+            None if *odd => {}
+            None => return Err(format!("an ordinary body was not walked: {body}")),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
