@@ -12,7 +12,7 @@ else
   export RUSTC_BOOTSTRAP=1
   fuzz=(cargo fuzz)
 fi
-read -r -a targets <<< "${TARGETS:-request provider_stream image cursor config encoding}"
+read -r -a targets <<< "${TARGETS:-request resumed_view provider_stream image cursor config encoding}"
 for target in "${targets[@]}"; do
   mkdir -p "corpus/$target"
   log="$(mktemp)"

@@ -23,8 +23,9 @@ use crate::tenant::Tenant;
 pub type Target = fn(&[u8]);
 
 /// The fuzz targets, by name: `fuzz/fuzz_targets/<name>.rs` and `fuzz/corpus/<name>/`.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("request", request),
+    ("resumed_view", resumed_view),
     ("provider_stream", provider_stream),
     ("image", image),
     ("cursor", cursor),
@@ -38,6 +39,22 @@ fn dialect(data: &[u8]) -> (Dialect, &[u8]) {
         Some((b, rest)) => (Dialect::ALL[usize::from(*b) % Dialect::ALL.len()], rest),
         None => (Dialect::OpenAiChat, data),
     }
+}
+
+/// The resumed view (docs/runtime.md): two bodies, an earlier turn and the next, separated by
+/// a NUL byte (which JSON text never holds); the second is received in chunks the second byte
+/// sizes, the first walked from the start and the second from its trail. A walk that does not
+/// give up must give the whole reading's view.
+pub fn resumed_view(data: &[u8]) {
+    let (dialect, rest) = dialect(data);
+    let Some((chunk, rest)) = rest.split_first() else {
+        return;
+    };
+    let (earlier, body) = match rest.iter().position(|&b| b == 0) {
+        Some(at) => (&rest[..at], rest.get(at + 1..).unwrap_or_default()),
+        None => (&rest[..0], rest),
+    };
+    crate::dialect::resume::check_walks(dialect, earlier, body, usize::from(*chunk) + 1);
 }
 
 /// A client request: read into a view, projected under a small budget (so pages, spills and

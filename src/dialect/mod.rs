@@ -7,6 +7,7 @@
 
 mod anthropic;
 pub mod completion;
+mod gathered;
 pub mod openai_chat;
 mod openai_responses;
 mod render;

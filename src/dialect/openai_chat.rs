@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::gathered::Gathered;
 use super::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
-use super::{count, digest, elements, span_in, span_of, Dialect, Text};
-use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
+use super::{count, elements, span_in, span_of, Dialect, Text};
+use crate::projection::{Raw, RequestView, Span};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -111,23 +112,11 @@ impl Top {
     }
 }
 
-/// A tool result found, by span.
-#[derive(Debug, Clone)]
-struct Noted {
-    item: usize,
-    source: Piece,
-    tool_name: Option<Piece>,
-    span: Span,
-    digest: u128,
-}
-
 /// What the messages held, by spans: what a trail keeps for the next body.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Found {
     head: Top,
-    calls: Vec<(Piece, Piece)>,
-    results: Vec<Noted>,
-    images: Vec<(usize, Span)>,
+    gathered: Gathered,
     /// The first system (or developer) and the first user message: their number and content.
     first_system: Option<(usize, Option<Span>)>,
     first_user: Option<(usize, Option<Span>)>,
@@ -159,21 +148,14 @@ impl<'a> Reading<'a> {
                     let name = call.function.as_ref().or(call.custom.as_ref());
                     if let (Some(id), Some(Some(name))) = (&call.id, name.map(|n| &n.name)) {
                         self.found
-                            .calls
-                            .push((Piece::of(body, id), Piece::of(body, name)));
-                        self.names.insert(id.clone(), name.clone());
+                            .gathered
+                            .call(body, &mut self.names, id.clone(), name.clone());
                     }
                 }
             }
             Some("tool") => {
                 if let (Some(id), Some(raw)) = (&message.tool_call_id, message.content) {
-                    self.found.results.push(Noted {
-                        item,
-                        source: Piece::of(body, id),
-                        tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
-                        span: span_of(body, raw),
-                        digest: digest(raw.get()),
-                    });
+                    self.found.gathered.result(body, &self.names, item, id, raw);
                 }
             }
             Some("user") => {
@@ -182,7 +164,7 @@ impl<'a> Reading<'a> {
                         continue;
                     };
                     if p.kind.as_deref() == Some("image_url") {
-                        self.found.images.push((item, span_of(body, part)));
+                        self.found.gathered.image(body, item, part);
                     }
                 }
             }
@@ -208,22 +190,15 @@ impl<'a> Walk<'a> for Reading<'a> {
     }
 
     fn resume(body: &'a str, found: &Found, mark: &Mark) -> Self {
-        let [calls, results, images] = mark.counts;
         let before =
             |first: &Option<(usize, Option<Span>)>| first.filter(|(item, _)| *item < mark.messages);
         let found = Found {
             head: found.head.clone(),
-            calls: found.calls.get(..calls).unwrap_or_default().to_vec(),
-            results: found.results.get(..results).unwrap_or_default().to_vec(),
-            images: found.images.get(..images).unwrap_or_default().to_vec(),
+            gathered: found.gathered.before(mark.counts),
             first_system: before(&found.first_system),
             first_user: before(&found.first_user),
         };
-        let names = found
-            .calls
-            .iter()
-            .map(|(id, name)| (id.text(body), name.text(body)))
-            .collect();
+        let names = found.gathered.names(body);
         Reading {
             body,
             top: found.head.clone(),
@@ -245,8 +220,7 @@ impl<'a> Walk<'a> for Reading<'a> {
     }
 
     fn counts(&self) -> [usize; 3] {
-        let f = &self.found;
-        [f.calls.len(), f.results.len(), f.images.len()]
+        self.found.gathered.counts()
     }
 
     fn finish(self) -> (RequestView<'a>, Found) {
@@ -265,27 +239,8 @@ impl<'a> Walk<'a> for Reading<'a> {
             shapes: &Dialect::OpenAiChat,
             max_output: top.max_output,
             model: top.model.as_ref().map(|p| p.text(body)),
-            tool_results: f
-                .results
-                .iter()
-                .map(|k| ToolResult {
-                    item: k.item,
-                    source: k.source.text(body),
-                    tool_name: k.tool_name.as_ref().map(|p| p.text(body)),
-                    content: Raw::read_before(resume::at(body, k.span)),
-                    span: k.span,
-                    digest: k.digest,
-                })
-                .collect(),
-            user_images: f
-                .images
-                .iter()
-                .map(|&(item, span)| UserImage {
-                    item,
-                    part: Raw::read_before(resume::at(body, span)),
-                    span,
-                })
-                .collect(),
+            tool_results: f.gathered.tool_results(body),
+            user_images: f.gathered.user_images(body),
         };
         (view, self.found)
     }
@@ -293,16 +248,7 @@ impl<'a> Walk<'a> for Reading<'a> {
 
 impl Kept for Found {
     fn weight(&self) -> usize {
-        self.calls
-            .iter()
-            .map(|(a, b)| a.weight() + b.weight())
-            .sum::<usize>()
-            + self
-                .results
-                .iter()
-                .map(|k| 64 + k.source.weight())
-                .sum::<usize>()
-            + self.images.len() * 24
+        self.gathered.weight()
     }
 
     fn table(resumes: &Resumes) -> &Table<Self> {

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::gathered::Gathered;
 use super::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
-use super::{count, digest, elements, span_of, Dialect, Text};
-use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
+use super::{count, elements, span_of, Dialect, Text};
+use crate::projection::{Raw, RequestView, Span};
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -124,23 +125,11 @@ impl Top {
     }
 }
 
-/// A tool result found, by span.
-#[derive(Debug, Clone)]
-struct Noted {
-    item: usize,
-    source: Piece,
-    tool_name: Option<Piece>,
-    span: Span,
-    digest: u128,
-}
-
 /// What the input items held, by spans: what a trail keeps for the next body.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Found {
     head: Top,
-    calls: Vec<(Piece, Piece)>,
-    results: Vec<Noted>,
-    images: Vec<(usize, Span)>,
+    gathered: Gathered,
     /// The first user item: its number and content.
     first_user: Option<(usize, Option<Span>)>,
 }
@@ -168,20 +157,15 @@ impl<'a> Reading<'a> {
             (Some("function_call" | "custom_tool_call"), _) => {
                 if let (Some(id), Some(name)) = (&item.call_id, &item.name) {
                     self.found
-                        .calls
-                        .push((Piece::of(body, id), Piece::of(body, name)));
-                    self.names.insert(id.clone(), name.clone());
+                        .gathered
+                        .call(body, &mut self.names, id.clone(), name.clone());
                 }
             }
             (Some("function_call_output" | "custom_tool_call_output"), _) => {
                 if let (Some(id), Some(output)) = (&item.call_id, item.output) {
-                    self.found.results.push(Noted {
-                        item: index,
-                        source: Piece::of(body, id),
-                        tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
-                        span: span_of(body, output),
-                        digest: digest(output.get()),
-                    });
+                    self.found
+                        .gathered
+                        .result(body, &self.names, index, id, output);
                 }
             }
             (None | Some("message"), Some("user")) => {
@@ -190,7 +174,7 @@ impl<'a> Reading<'a> {
                         continue;
                     };
                     if p.kind.as_deref() == Some("input_image") {
-                        self.found.images.push((index, span_of(body, part)));
+                        self.found.gathered.image(body, index, part);
                     }
                 }
             }
@@ -211,19 +195,12 @@ impl<'a> Walk<'a> for Reading<'a> {
     }
 
     fn resume(body: &'a str, found: &Found, mark: &Mark) -> Self {
-        let [calls, results, images] = mark.counts;
         let found = Found {
             head: found.head.clone(),
-            calls: found.calls.get(..calls).unwrap_or_default().to_vec(),
-            results: found.results.get(..results).unwrap_or_default().to_vec(),
-            images: found.images.get(..images).unwrap_or_default().to_vec(),
+            gathered: found.gathered.before(mark.counts),
             first_user: found.first_user.filter(|(item, _)| *item < mark.messages),
         };
-        let names = found
-            .calls
-            .iter()
-            .map(|(id, name)| (id.text(body), name.text(body)))
-            .collect();
+        let names = found.gathered.names(body);
         Reading {
             body,
             top: found.head.clone(),
@@ -245,8 +222,7 @@ impl<'a> Walk<'a> for Reading<'a> {
     }
 
     fn counts(&self) -> [usize; 3] {
-        let f = &self.found;
-        [f.calls.len(), f.results.len(), f.images.len()]
+        self.found.gathered.counts()
     }
 
     fn finish(self) -> (RequestView<'a>, Found) {
@@ -269,27 +245,8 @@ impl<'a> Walk<'a> for Reading<'a> {
             shapes: &Dialect::OpenAiResponses,
             max_output: top.max_output,
             model: top.model.as_ref().map(|p| p.text(body)),
-            tool_results: f
-                .results
-                .iter()
-                .map(|k| ToolResult {
-                    item: k.item,
-                    source: k.source.text(body),
-                    tool_name: k.tool_name.as_ref().map(|p| p.text(body)),
-                    content: Raw::read_before(resume::at(body, k.span)),
-                    span: k.span,
-                    digest: k.digest,
-                })
-                .collect(),
-            user_images: f
-                .images
-                .iter()
-                .map(|&(item, span)| UserImage {
-                    item,
-                    part: Raw::read_before(resume::at(body, span)),
-                    span,
-                })
-                .collect(),
+            tool_results: f.gathered.tool_results(body),
+            user_images: f.gathered.user_images(body),
         };
         (view, self.found)
     }
@@ -297,16 +254,7 @@ impl<'a> Walk<'a> for Reading<'a> {
 
 impl Kept for Found {
     fn weight(&self) -> usize {
-        self.calls
-            .iter()
-            .map(|(a, b)| a.weight() + b.weight())
-            .sum::<usize>()
-            + self
-                .results
-                .iter()
-                .map(|k| 64 + k.source.weight())
-                .sum::<usize>()
-            + self.images.len() * 24
+        self.gathered.weight()
     }
 
     fn table(resumes: &Resumes) -> &Table<Self> {

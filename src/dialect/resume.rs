@@ -558,6 +558,61 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The resumed view's property, for the fuzz target (`crate::fuzzing::resumed_view`): `body`,
+/// received in chunks of `chunk` bytes, is its bytes, checked as text when it is UTF-8; `earlier`
+/// walked from the start, and `body` walked from `earlier`'s trail, each give the view the whole
+/// reading gives, when they do not give up. Panics where that does not hold.
+#[allow(clippy::panic)] // a violated property must crash the fuzzer
+pub(crate) fn check_walks(dialect: Dialect, earlier: &[u8], body: &[u8], chunk: usize) {
+    let mut receiving = Receiving::with_capacity(body.len());
+    for piece in body.chunks(chunk.max(1)) {
+        receiving.push(piece);
+    }
+    let (bytes, received) = receiving.finish();
+    assert_eq!(&bytes[..], body, "received bytes differ");
+    assert_eq!(received.is_some(), std::str::from_utf8(body).is_ok());
+    let (Ok(earlier), Some(received)) = (Text::of(earlier, None), received) else {
+        return;
+    };
+    let Ok(body) = Text::of(&bytes, Some(&received)) else {
+        panic!("a received body is not its own text");
+    };
+    match dialect {
+        Dialect::AnthropicMessages => {
+            agree::<super::anthropic::Reading>(&earlier, &body, super::anthropic::read)
+        }
+        Dialect::OpenAiChat => {
+            agree::<super::openai_chat::Reading>(&earlier, &body, super::openai_chat::read)
+        }
+        Dialect::OpenAiResponses => agree::<super::openai_responses::Reading>(
+            &earlier,
+            &body,
+            super::openai_responses::read,
+        ),
+    }
+}
+
+fn agree<'a, W: Walk<'a>>(
+    earlier: &Text<'a>,
+    body: &Text<'a>,
+    whole: fn(&'a str) -> Result<RequestView<'a>, serde_json::Error>,
+) {
+    let whole = |text: &'a str| whole(text).ok().map(|v| format!("{v:?}"));
+    let first = walk::<W>(earlier, None);
+    if let Some((view, ..)) = &first {
+        assert_eq!(
+            Some(format!("{view:?}")),
+            whole(earlier.text),
+            "walked from the start"
+        );
+    }
+    let trail = first.map(|(_, trail, _)| trail);
+    let agreed = trail.as_ref().and_then(|t| Some((t, t.agreed(body)?)));
+    if let Some((view, ..)) = walk::<W>(body, agreed) {
+        assert_eq!(Some(format!("{view:?}")), whole(body.text), "resumed");
+    }
+}
+
 /// Test support for each dialect's walk: over a conversation's bodies, each walked from the
 /// previous trail (and from none) gives the whole reading's view, or gives up, which only an
 /// odd body may make it do.

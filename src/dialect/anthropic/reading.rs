@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use super::{Content, Message, Metadata, Request};
+use crate::dialect::gathered::Gathered;
 use crate::dialect::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
-use crate::dialect::{count, digest, span_of, Dialect, Text};
-use crate::projection::{Raw, RequestView, Span, ToolResult, UserImage};
+use crate::dialect::{count, span_of, Dialect, Text};
+use crate::projection::{Raw, RequestView, Span};
 
 pub(crate) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
     let request: Request = serde_json::from_str(body)?;
@@ -74,25 +75,12 @@ impl Top {
     }
 }
 
-/// A tool result found, by span.
-#[derive(Debug, Clone)]
-struct Noted {
-    item: usize,
-    source: Piece,
-    tool_name: Option<Piece>,
-    span: Span,
-    digest: u128,
-}
-
 /// What the messages held, by spans of the body: what a [`Trail`] keeps for the next body.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Found {
     /// The top-level fields before `messages` (a resumed walk starts after them).
     head: Top,
-    /// Each tool call: its id and its tool's name.
-    calls: Vec<(Piece, Piece)>,
-    results: Vec<Noted>,
-    images: Vec<(usize, Span)>,
+    gathered: Gathered,
     /// The first user message: its number and its parts, for the session's root.
     first_user: Option<(usize, Vec<Piece>)>,
 }
@@ -100,12 +88,9 @@ pub(crate) struct Found {
 impl Found {
     /// What had been found before `mark`.
     fn before(&self, mark: &Mark) -> Found {
-        let [calls, results, images] = mark.counts;
         Found {
             head: self.head.clone(),
-            calls: self.calls.get(..calls).unwrap_or_default().to_vec(),
-            results: self.results.get(..results).unwrap_or_default().to_vec(),
-            images: self.images.get(..images).unwrap_or_default().to_vec(),
+            gathered: self.gathered.before(mark.counts),
             first_user: self
                 .first_user
                 .clone()
@@ -136,11 +121,7 @@ impl<'a> Reading<'a> {
     /// this body's).
     fn resumed(body: &'a str, trail: &Found, mark: &Mark) -> Self {
         let found = trail.before(mark);
-        let names = found
-            .calls
-            .iter()
-            .map(|(id, name)| (id.text(body), name.text(body)))
-            .collect();
+        let names = found.gathered.names(body);
         Reading {
             body,
             top: found.head.clone(),
@@ -162,20 +143,15 @@ impl<'a> Reading<'a> {
                 (Some("assistant"), Some("tool_use" | "server_tool_use")) => {
                     if let (Some(id), Some(name)) = (&block.id, &block.name) {
                         self.found
-                            .calls
-                            .push((Piece::of(body, id), Piece::of(body, name)));
-                        self.names.insert(id.clone(), name.clone());
+                            .gathered
+                            .call(body, &mut self.names, id.clone(), name.clone());
                     }
                 }
                 (Some("user"), Some("tool_result")) => {
                     if let (Some(id), Some(content)) = (&block.tool_use_id, block.content) {
-                        self.found.results.push(Noted {
-                            item,
-                            tool_name: self.names.get(id).map(|n| Piece::of(body, n)),
-                            source: Piece::of(body, id),
-                            span: span_of(body, content),
-                            digest: digest(content.get()),
-                        });
+                        self.found
+                            .gathered
+                            .result(body, &self.names, item, id, content);
                     }
                 }
                 (Some("user"), Some("image")) => {
@@ -185,7 +161,7 @@ impl<'a> Reading<'a> {
                         .text(body)
                         .and_then(|t| serde_json::from_str::<&RawValue>(t).ok());
                     if let Some(part) = part {
-                        self.found.images.push((item, span_of(body, part)));
+                        self.found.gathered.image(body, item, part);
                     }
                 }
                 _ => {}
@@ -226,27 +202,8 @@ fn view<'a>(body: &'a str, found: &Found, top: &Top) -> RequestView<'a> {
         shapes: &Dialect::AnthropicMessages,
         max_output: top.max_tokens,
         model: text(&top.model),
-        tool_results: found
-            .results
-            .iter()
-            .map(|k| ToolResult {
-                item: k.item,
-                source: k.source.text(body),
-                tool_name: text(&k.tool_name),
-                content: Raw::read_before(resume::at(body, k.span)),
-                span: k.span,
-                digest: k.digest,
-            })
-            .collect(),
-        user_images: found
-            .images
-            .iter()
-            .map(|&(item, span)| UserImage {
-                item,
-                part: Raw::read_before(resume::at(body, span)),
-                span,
-            })
-            .collect(),
+        tool_results: found.gathered.tool_results(body),
+        user_images: found.gathered.user_images(body),
     }
 }
 
@@ -275,8 +232,7 @@ impl<'a> Walk<'a> for Reading<'a> {
     }
 
     fn counts(&self) -> [usize; 3] {
-        let f = &self.found;
-        [f.calls.len(), f.results.len(), f.images.len()]
+        self.found.gathered.counts()
     }
 
     fn finish(self) -> (RequestView<'a>, Found) {
@@ -287,17 +243,7 @@ impl<'a> Walk<'a> for Reading<'a> {
 impl Kept for Found {
     fn weight(&self) -> usize {
         let pieces = |p: &[Piece]| p.iter().map(Piece::weight).sum::<usize>();
-        self.calls
-            .iter()
-            .map(|(a, b)| a.weight() + b.weight())
-            .sum::<usize>()
-            + self
-                .results
-                .iter()
-                .map(|k| 64 + k.source.weight())
-                .sum::<usize>()
-            + self.images.len() * 24
-            + self.first_user.as_ref().map_or(0, |(_, p)| pieces(p))
+        self.gathered.weight() + self.first_user.as_ref().map_or(0, |(_, p)| pieces(p))
     }
 
     fn table(resumes: &Resumes) -> &Table<Self> {

@@ -1,0 +1,130 @@
+//! What every dialect's reading gathers from a request's list (messages or input items): tool
+//! calls, tool results and user images, by spans of the body, so that a resumed reading
+//! (`super::resume`) can take what an earlier body's reading gathered before a mark.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde_json::value::RawValue;
+
+use super::resume::{at, Piece};
+use super::{digest, span_of};
+use crate::projection::{Raw, Span, ToolResult, UserImage};
+
+/// A tool result, by span.
+#[derive(Debug, Clone)]
+struct Noted {
+    item: usize,
+    source: Piece,
+    tool_name: Option<Piece>,
+    span: Span,
+    digest: u128,
+}
+
+#[derive(Debug, Default, Clone)]
+pub(super) struct Gathered {
+    /// Each tool call: its id and its tool's name.
+    calls: Vec<(Piece, Piece)>,
+    results: Vec<Noted>,
+    /// User images: their item's number and span.
+    images: Vec<(usize, Span)>,
+}
+
+impl Gathered {
+    /// What had been gathered when the lists were `counts` long ([`Gathered::counts`]).
+    pub fn before(&self, counts: [usize; 3]) -> Gathered {
+        let [calls, results, images] = counts;
+        Gathered {
+            calls: self.calls.get(..calls).unwrap_or_default().to_vec(),
+            results: self.results.get(..results).unwrap_or_default().to_vec(),
+            images: self.images.get(..images).unwrap_or_default().to_vec(),
+        }
+    }
+
+    pub fn counts(&self) -> [usize; 3] {
+        [self.calls.len(), self.results.len(), self.images.len()]
+    }
+
+    /// Bytes it takes, roughly.
+    pub fn weight(&self) -> usize {
+        self.calls
+            .iter()
+            .map(|(a, b)| a.weight() + b.weight())
+            .sum::<usize>()
+            + self
+                .results
+                .iter()
+                .map(|k| 64 + k.source.weight())
+                .sum::<usize>()
+            + self.images.len() * 24
+    }
+
+    /// A tool call, and its id's name in `names`.
+    pub fn call<'a>(
+        &mut self,
+        body: &'a str,
+        names: &mut HashMap<Cow<'a, str>, Cow<'a, str>>,
+        id: Cow<'a, str>,
+        name: Cow<'a, str>,
+    ) {
+        self.calls
+            .push((Piece::of(body, &id), Piece::of(body, &name)));
+        names.insert(id, name);
+    }
+
+    /// A tool result of item number `item`, named by the call of its id seen so far.
+    pub fn result<'a>(
+        &mut self,
+        body: &'a str,
+        names: &HashMap<Cow<'a, str>, Cow<'a, str>>,
+        item: usize,
+        id: &str,
+        content: &RawValue,
+    ) {
+        self.results.push(Noted {
+            item,
+            source: Piece::of(body, id),
+            tool_name: names.get(id).map(|n| Piece::of(body, n)),
+            span: span_of(body, content),
+            digest: digest(content.get()),
+        });
+    }
+
+    /// A user image part of item number `item`.
+    pub fn image(&mut self, body: &str, item: usize, part: &RawValue) {
+        self.images.push((item, span_of(body, part)));
+    }
+
+    /// The tool calls' names by id, as the reading had them (a later call of an id names it).
+    pub fn names<'a>(&self, body: &'a str) -> HashMap<Cow<'a, str>, Cow<'a, str>> {
+        self.calls
+            .iter()
+            .map(|(id, name)| (id.text(body), name.text(body)))
+            .collect()
+    }
+
+    pub fn tool_results<'a>(&self, body: &'a str) -> Vec<ToolResult<'a>> {
+        self.results
+            .iter()
+            .map(|k| ToolResult {
+                item: k.item,
+                source: k.source.text(body),
+                tool_name: k.tool_name.as_ref().map(|p| p.text(body)),
+                content: Raw::read_before(at(body, k.span)),
+                span: k.span,
+                digest: k.digest,
+            })
+            .collect()
+    }
+
+    pub fn user_images<'a>(&self, body: &'a str) -> Vec<UserImage<'a>> {
+        self.images
+            .iter()
+            .map(|&(item, span)| UserImage {
+                item,
+                part: Raw::read_before(at(body, span)),
+                span,
+            })
+            .collect()
+    }
+}
