@@ -1,9 +1,11 @@
 //! Reading a long request from where the reading of an earlier turn of its conversation left
 //! off (runtime issue, docs/runtime.md "The resumed view"). An agent resends its whole history
 //! every turn; its view, read afresh, costs a scan of every byte of it. So the reading of a long
-//! body leaves a [`Trail`]: after each element of its message array, a hash of the body's bytes
-//! up to there and what the view had found by then. The next body of the conversation whose
-//! bytes up to one of those marks hash the same is read from that mark on. Anything the walk does
+//! body leaves a [`Trail`]: the hashes of its 4 KiB blocks and, after each element of its list
+//! (messages or input items), a [`Mark`] with what the view had found by then. The next body of
+//! the conversation whose bytes up to one of those marks hash the same is read from that mark
+//! on. A long body's blocks are hashed, and its UTF-8 checked, as it arrives ([`Receiving`]),
+//! so a resumed reading compares hashes instead of reading cold bytes. Anything the walk does
 //! not expect (a field twice, a value of the wrong shape, bad JSON) gives up and the body is read
 //! whole, by the same reader as a short body, so the view is always the one a whole reading
 //! gives (a property test in each dialect holds the two equal).
