@@ -287,7 +287,9 @@ pub fn message_spans(body: &str) -> Option<Vec<(crate::projection::Span, bool)>>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::resume::{walk, walked_as_whole, Text as Checked, Trail};
+    use crate::dialect::resume::{
+        conversation_bodies, walk, walked_as_whole, Text as Checked, Trail,
+    };
     use proptest::prelude::*;
 
     #[test]
@@ -370,23 +372,9 @@ mod tests {
             steps in prop::collection::vec((0u8..8, any::<u8>(), any::<u8>()), 1..14),
             before in 0usize..6,
         ) {
-            let (mut kinds, mut marked, mut model, mut bodies) = (Vec::new(), None, 0u8, Vec::new());
-            for (op, k, odd) in steps {
-                match op {
-                    0..=3 => kinds.push(k),
-                    4 => marked = kinds.len().checked_sub(1),
-                    5 => model = model.wrapping_add(1),
-                    6 => if let Some(first) = kinds.first_mut() { *first = first.wrapping_add(1) },
-                    _ => {}
-                }
-                let odd = if op == 7 { odd % 5 } else { 7 };
-                let messages: Vec<String> = kinds
-                    .iter()
-                    .enumerate()
-                    .map(|(n, &k)| message(k, n, marked == Some(n)))
-                    .collect();
-                bodies.push((conversation(&messages, before, model, odd), odd < 7));
-            }
+            let bodies = conversation_bodies(&steps, (5, 5), message, |m, model, odd| {
+                conversation(m, before, model, odd)
+            });
             let walk = |t: &Checked<'_>, trail: Option<&Trail<Found>>| {
                 walk::<Reading>(t, trail.and_then(|tr| Some((tr, tr.agreed(t)?)))).map(|(v, t, _)| (format!("{v:?}"), t))
             };

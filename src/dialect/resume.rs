@@ -615,6 +615,43 @@ fn agree<'a, W: Walk<'a>>(
     }
 }
 
+/// Test support for each dialect's property test: the bodies of a generated conversation. Each
+/// step pushes an element of kind `k` (ops 0 to 3), moves the client's marker onto the newest
+/// element (4: it changes bytes an earlier body had), changes the model (5) or the first element
+/// (6: no mark agrees), or makes that one body odd (7) in one of `oddities` ways, the first
+/// `gives_up` of which the walk may give up on. `body` renders the elements, the model and the
+/// way it is odd (7: not odd).
+#[cfg(test)]
+pub(super) fn conversation_bodies(
+    steps: &[(u8, u8, u8)],
+    (oddities, gives_up): (u8, u8),
+    element: impl Fn(u8, usize, bool) -> String,
+    body: impl Fn(&[String], u8, u8) -> String,
+) -> Vec<(String, bool)> {
+    let (mut kinds, mut marked, mut model, mut bodies) = (Vec::new(), None, 0u8, Vec::new());
+    for &(op, k, odd) in steps {
+        match op {
+            0..=3 => kinds.push(k),
+            4 => marked = kinds.len().checked_sub(1),
+            5 => model = model.wrapping_add(1),
+            6 => {
+                if let Some(first) = kinds.first_mut() {
+                    *first = first.wrapping_add(1)
+                }
+            }
+            _ => {}
+        }
+        let odd = if op == 7 { odd % oddities } else { 7 };
+        let elements: Vec<String> = kinds
+            .iter()
+            .enumerate()
+            .map(|(n, &k)| element(k, n, marked == Some(n)))
+            .collect();
+        bodies.push((body(&elements, model, odd), odd < gives_up));
+    }
+    bodies
+}
+
 /// Test support for each dialect's walk: over a conversation's bodies, each walked from the
 /// previous trail (and from none) gives the whole reading's view, or gives up, which only an
 /// odd body may make it do.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::reading::{read, Found, Reading};
 use super::*;
 use crate::dialect::resume::{self, Resumes};
-use crate::dialect::resume::{walk, Text as Checked, Trail};
+use crate::dialect::resume::{conversation_bodies, walk, walked_as_whole, Text as Checked, Trail};
 use crate::dialect::span_in;
 use crate::dialect::Dialect;
 use crate::projection::Span;
@@ -258,42 +258,15 @@ proptest! {
         steps in prop::collection::vec((0u8..8, any::<u8>(), any::<u8>()), 1..14),
         before in 0usize..7,
     ) {
-        let mut kinds: Vec<u8> = Vec::new();
-        let mut cached = None;
-        let mut trail: Option<Trail<Found>> = None;
-        let mut model = 0u8;
-        for (op, k, odd) in steps {
-            match op {
-                0..=3 => kinds.push(k),
-                // The client's cache marker moves to the last message (it changes bytes
-                // an earlier body had).
-                4 => cached = kinds.len().checked_sub(1),
-                5 => model = model.wrapping_add(1),
-                // The history's start changes: no mark agrees.
-                6 => if let Some(first) = kinds.first_mut() { *first = first.wrapping_add(1) },
-                _ => {}
-            }
-            let odd = if op == 7 { odd % 5 } else { 7 };
-            let messages: Vec<String> = kinds
-                .iter()
-                .enumerate()
-                .map(|(n, &k)| message(k, n, cached == Some(n)))
-                .collect();
-            let body = conversation(&messages, before, model, odd);
-            let whole = read(&body);
-            if let Some((view, ..)) = walk::<Reading>(&checked(&body), None) {
-                prop_assert_eq!(format!("{view:?}"), format!("{:?}", whole.as_ref().unwrap()));
-            }
-            let text = checked(&body);
-            let agreed = trail.as_ref().and_then(|t| Some((t, t.agreed(&text)?)));
-            match walk::<Reading>(&text, agreed) {
-                Some((view, next, _)) => {
-                    prop_assert_eq!(format!("{view:?}"), format!("{:?}", whole.as_ref().unwrap()));
-                    trail = Some(next);
-                }
-                None => prop_assert!(odd < 7, "an ordinary body was not walked: {}", body),
-            }
-        }
+        let bodies = conversation_bodies(&steps, (5, 5), message, |m, model, odd| {
+            conversation(m, before, model, odd)
+        });
+        let walk = |t: &Checked<'_>, trail: Option<&Trail<Found>>| {
+            walk::<Reading>(t, trail.and_then(|tr| Some((tr, tr.agreed(t)?))))
+                .map(|(v, t, _)| (format!("{v:?}"), t))
+        };
+        let whole = |body: &str| read(body).ok().map(|v| format!("{v:?}"));
+        prop_assert_eq!(walked_as_whole(&bodies, walk, whole), Ok(()));
     }
 }
 
