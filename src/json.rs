@@ -6,6 +6,39 @@
 
 use serde_json::Value;
 
+/// `text` as a JSON string, quoted and escaped, written once into a buffer of about its size.
+pub fn string(text: &str) -> String {
+    let mut out = Vec::with_capacity(text.len() + 2);
+    // Writing a `str` into a `Vec` cannot fail, and serde_json writes UTF-8.
+    let _ = serde_json::to_writer(&mut out, text);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `pieces` joined into one buffer of exactly their size (a part holding an image's base64,
+/// written without growing).
+pub fn concat(pieces: &[&str]) -> String {
+    let mut out = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    for piece in pieces {
+        out.push_str(piece);
+    }
+    out
+}
+
+/// A string read from JSON text, borrowed from it when the string has no escapes.
+#[derive(serde::Deserialize)]
+pub struct Borrowed<'a>(#[serde(borrow)] pub std::borrow::Cow<'a, str>);
+
+/// `deserialize_with` for an optional string field that should borrow from the body:
+/// `#[serde(borrow)]` borrows a field that is exactly `Cow<str>`, but inside an `Option` serde
+/// always copies (serde-rs/serde#1497), which for a tool result's text or an image's base64 is
+/// a megabyte copied to be read. Use with `default`, so a missing field is `None`.
+pub fn borrowed<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::borrow::Cow<'a, str>>, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<Borrowed<'a>>::deserialize(deserializer)?.map(|b| b.0))
+}
+
 /// Sets `key` to `new` when `value` is an object; anything else is left as it is. Whether it
 /// was set.
 pub fn set(value: &mut Value, key: &str, new: impl Into<Value>) -> bool {
@@ -78,6 +111,35 @@ pub fn without_lone_surrogates(raw: &str) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::borrow::Cow;
+
+    #[derive(serde::Deserialize)]
+    struct Field<'a> {
+        #[serde(borrow, default, deserialize_with = "borrowed")]
+        text: Option<Cow<'a, str>>,
+    }
+
+    #[test]
+    fn strings_are_quoted_and_escaped_as_serde_json_does() {
+        for text in ["", "plain", "a \"quote\" and \\ and \n\t\u{1}", "é ✓ 😀"] {
+            assert_eq!(string(text), serde_json::Value::from(text).to_string());
+        }
+        assert_eq!(concat(&["a", "", "bc"]), "abc");
+    }
+
+    #[test]
+    fn optional_strings_borrow_from_the_body_unless_escaped() {
+        let read = |raw: &'static str| serde_json::from_str::<Field>(raw).unwrap().text;
+        assert!(matches!(
+            read(r#"{"text":"plain"}"#),
+            Some(Cow::Borrowed("plain"))
+        ));
+        // An escape needs its own copy, unescaped.
+        assert!(matches!(read(r#"{"text":"a\nb"}"#), Some(Cow::Owned(s)) if s == "a\nb"));
+        assert!(read(r#"{"text":null}"#).is_none());
+        assert!(read("{}").is_none());
+        assert!(serde_json::from_str::<Field>(r#"{"text":3}"#).is_err());
+    }
 
     #[test]
     fn lone_surrogates_become_replacement_characters() {

@@ -107,6 +107,53 @@ impl Upstream {
     }
 }
 
+/// A request body for `url`: a spliced body's pieces, each sent from where it lies in memory,
+/// with its length known so it goes with a `content-length`; or, to an `https` upstream, joined
+/// into one buffer. reqwest sends a request again when an HTTP/2 provider refused it unread
+/// (GOAWAY, REFUSED_STREAM), which it can do only with a body in one buffer; a plain `http`
+/// upstream speaks HTTP/1.1, where nothing is retried that needs the body again. Over TLS the
+/// body is encrypted record by record anyway, a pass over all of it that the join adds little to.
+pub fn body_of(url: &reqwest::Url, spliced: crate::projection::Spliced) -> reqwest::Body {
+    if spliced.pieces().len() <= 1 || url.scheme() != "http" {
+        return reqwest::Body::from(spliced.to_bytes());
+    }
+    let left = spliced.len() as u64;
+    reqwest::Body::wrap(Pieces {
+        pieces: spliced.into_pieces().into_iter(),
+        left,
+    })
+}
+
+/// [`body_of`] for a body of several pieces.
+struct Pieces {
+    pieces: std::vec::IntoIter<Bytes>,
+    left: u64,
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let next = self.pieces.next();
+        if let Some(piece) = &next {
+            self.left = self.left.saturating_sub(piece.len() as u64);
+        }
+        Poll::Ready(next.map(|piece| Ok(Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left)
+    }
+}
+
 fn classify(e: &reqwest::Error) -> GatewayError {
     tracing::warn!(error = %e, connect = e.is_connect(), timeout = e.is_timeout(), "upstream request failed");
     if e.is_timeout() {

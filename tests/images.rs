@@ -443,6 +443,22 @@ async fn a_long_conversation_read_from_its_last_turn_is_projected_as_read_whole(
         let forwarded = mock_a.last().json();
         let shown = forwarded.to_string().matches("\"type\":\"image\"").count();
         assert!(shown >= 1, "turn {turn}: the new screenshot is shown");
+        // Forwarded as pieces of the received body (docs/runtime.md), still with its length:
+        // providers get a `content-length`, never a chunked request.
+        let last = mock_a.last();
+        let length = last
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(
+            length,
+            Some(last.body.len().to_string().as_str()),
+            "turn {turn}"
+        );
+        assert!(
+            last.headers.get("transfer-encoding").is_none(),
+            "turn {turn}"
+        );
     }
     let resumed = |m: &str| metric(m, "sluice_view_bytes_total{read=\"resumed\"}");
     let (ma, mb) = (a.metrics().await, b.metrics().await);

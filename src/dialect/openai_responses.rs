@@ -14,7 +14,7 @@ use crate::projection::{Raw, RequestView, Span};
 
 #[derive(Deserialize)]
 struct Request<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
@@ -22,7 +22,7 @@ struct Request<'a> {
     input: Option<&'a RawValue>,
     #[serde(borrow)]
     instructions: Option<&'a RawValue>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     prompt_cache_key: Text<'a>,
     #[serde(borrow)]
     max_output_tokens: Option<&'a RawValue>,
@@ -30,13 +30,18 @@ struct Request<'a> {
 
 #[derive(Deserialize)]
 pub(super) struct Item<'a> {
-    #[serde(borrow, rename = "type")]
+    #[serde(
+        borrow,
+        rename = "type",
+        default,
+        deserialize_with = "crate::json::borrowed"
+    )]
     kind: Text<'a>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     role: Text<'a>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     call_id: Text<'a>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     name: Text<'a>,
     #[serde(borrow)]
     output: Option<&'a RawValue>,
@@ -46,7 +51,12 @@ pub(super) struct Item<'a> {
 
 #[derive(Deserialize)]
 struct Part<'a> {
-    #[serde(borrow, rename = "type")]
+    #[serde(
+        borrow,
+        rename = "type",
+        default,
+        deserialize_with = "crate::json::borrowed"
+    )]
     kind: Text<'a>,
 }
 
@@ -109,7 +119,11 @@ impl Top {
             cur.value()
         }
         match bit {
-            0 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
+            0 => {
+                self.model = cur
+                    .value::<Option<crate::json::Borrowed>>()?
+                    .map(|t| Piece::of(body, &t.0))
+            }
             1 => self.tools = raw(cur)?.map(|r| span_of(body, r)),
             2 if cur.peek() == Some(b'[') => return Some(Field::List),
             2 => {
@@ -118,7 +132,11 @@ impl Top {
                     .map(|r| span_of(body, r))
             }
             3 => self.instructions = raw(cur)?.map(|r| span_of(body, r)),
-            4 => self.prompt_cache_key = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
+            4 => {
+                self.prompt_cache_key = cur
+                    .value::<Option<crate::json::Borrowed>>()?
+                    .map(|t| Piece::of(body, &t.0))
+            }
             _ => self.max_output = count(raw(cur)?),
         }
         Some(Field::Read)

@@ -1,21 +1,24 @@
 //! The three dialects' shapes as the core writes them ([`Shapes`]): text and image parts, user
 //! image parts rewritten or replaced by notes, and OpenAI chat's user message of a turn's images.
 
-use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::Dialect;
 use crate::projection::attach::{Embedded, Extras};
 use crate::projection::shapes::{ImageRef, Shapes};
-use crate::projection::{Edit, Raw, Span};
+use crate::projection::{Edit, Raw, Rope, Span};
 
-fn json_string(s: &str) -> String {
-    Value::String(s.to_string()).to_string()
-}
+use crate::json::{concat, string as json_string};
 
 fn data_url(e: &Embedded) -> String {
-    format!("data:{};base64,{}", e.mime, e.base64)
+    concat(&["data:", e.mime, ";base64,", &e.base64])
+}
+
+/// [`data_url`] as a JSON string: its media type and base64 need no escapes, so the base64 is
+/// copied once.
+fn data_url_json(e: &Embedded) -> String {
+    concat(&["\"data:", e.mime, ";base64,", &e.base64, "\""])
 }
 
 impl Shapes for Dialect {
@@ -55,28 +58,51 @@ impl Shapes for Dialect {
         *self == Dialect::AnthropicMessages
     }
 
-    fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> String {
+    fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> Rope {
         let (outer, inner) = extras.map_or(("", ""), |x| (x.outer.as_str(), x.inner.as_str()));
         let url = || match image {
-            ImageRef::Data(em) => json_string(&data_url(em)),
+            ImageRef::Data(em) => data_url_json(em),
             ImageRef::Url(url) => json_string(url),
         };
         match (self, image) {
-            (Dialect::AnthropicMessages, ImageRef::Data(em)) => format!(
-                r#"{{"type":"image","source":{{"type":"base64","media_type":"{}","data":"{}"}}{outer}}}"#,
-                em.mime, em.base64
-            ),
+            // The base64 is shared, not copied: it is sent from where it is kept.
+            (Dialect::AnthropicMessages, ImageRef::Data(em)) => {
+                let mut part = Rope::from(concat(&[
+                    r#"{"type":"image","source":{"type":"base64","media_type":""#,
+                    em.mime,
+                    r#"","data":""#,
+                ]));
+                part.push(em.base64.clone());
+                part.push(concat(&[r#""}"#, outer, "}"]));
+                part
+            }
             (Dialect::AnthropicMessages, ImageRef::Url(_)) => format!(
                 r#"{{"type":"image","source":{{"type":"url","url":{}}}{outer}}}"#,
                 url()
-            ),
-            (Dialect::OpenAiResponses, _) => {
-                format!(r#"{{"type":"input_image","image_url":{}{outer}}}"#, url())
+            )
+            .into(),
+            (Dialect::OpenAiResponses, ImageRef::Data(em)) => {
+                let mut part = Rope::from(concat(&[
+                    r#"{"type":"input_image","image_url":"data:"#,
+                    em.mime,
+                    ";base64,",
+                ]));
+                part.push(em.base64.clone());
+                part.push(concat(&["\"", outer, "}"]));
+                part
             }
-            (Dialect::OpenAiChat, _) => format!(
-                r#"{{"type":"image_url","image_url":{{"url":{}{inner}}}{outer}}}"#,
-                url()
-            ),
+            (Dialect::OpenAiResponses, ImageRef::Url(_)) => {
+                concat(&[r#"{"type":"input_image","image_url":"#, &url(), outer, "}"]).into()
+            }
+            (Dialect::OpenAiChat, _) => concat(&[
+                r#"{"type":"image_url","image_url":{"url":"#,
+                &url(),
+                inner,
+                "}",
+                outer,
+                "}",
+            ])
+            .into(),
         }
     }
 
@@ -154,7 +180,7 @@ impl Shapes for Dialect {
                 let end = spans.get(last)?.0.end;
                 Some(Edit {
                     span: Span { start: end, end },
-                    with: Bytes::from(format!(
+                    with: crate::projection::Rope::from(format!(
                         r#",{{"role":"user","content":[{}]}}"#,
                         parts.join(",")
                     )),

@@ -14,8 +14,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use crate::tenant::Tenant;
 use attach::extract::Extracted;
 use attach::state::{self, Candidate, Decision, Delta, SessionState};
@@ -35,7 +33,10 @@ pub mod view;
 use memos::Memos;
 use policy::{Lifetime, Policy};
 use rewrite::{render_tool_content, render_user_part};
-pub use view::{splice, Edit, Raw, RequestView, Span, SpliceError, ToolResult, UserImage};
+pub use view::{
+    splice, splice_shared, Edit, Raw, RequestView, Rope, Span, SpliceError, Spliced, ToolResult,
+    UserImage,
+};
 
 /// What a request's projection changed, for the `x-sluice-projection` header (SPEC O3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -430,7 +431,7 @@ pub(super) fn project_with(
             render_tool_content(view.shapes, result, e, (outcomes, heard), &text);
         out.edits.push(Edit {
             span: result.span,
-            with: Bytes::from(content),
+            with: content.into(),
         });
         if !chat_parts.is_empty() {
             chat_turns.push((result.item, chat_parts));
@@ -452,7 +453,7 @@ pub(super) fn project_with(
             {
                 out.edits.push(Edit {
                     span: view.user_images[ui].span,
-                    with: Bytes::from(with),
+                    with: with.into(),
                 });
             }
         }

@@ -5,10 +5,10 @@ use super::attach::extract::Extracted;
 use super::attach::{self, Item, Media, Outcome};
 use super::shapes::{ImageRef, Shapes};
 use super::sounds::Heard;
-use super::view::{Raw, ToolResult};
+use super::view::{Raw, Rope, ToolResult};
 
 pub(super) fn json_string(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
+    crate::json::string(s)
 }
 
 /// A tool result's new content: its text, then its shown images where the dialect allows images
@@ -21,10 +21,10 @@ pub(super) fn render_tool_content(
     e: &Extracted,
     (outcomes, heard): (&[Outcome], &[Heard]),
     text: &str,
-) -> (String, Vec<String>) {
+) -> (Rope, Vec<String>) {
     let text_json = json_string(text);
     let text_part = |json: &str| format!(r#"{{"type":"{}","text":{json}}}"#, shapes.text_type());
-    let mut parts: Vec<String> = vec![text_part(&text_json)];
+    let mut parts: Vec<Rope> = vec![text_part(&text_json).into()];
     let mut after_turn: Vec<String> = Vec::new();
     for (item, outcome) in e.items.iter().zip(outcomes) {
         let image = match (outcome, &item.media) {
@@ -37,7 +37,7 @@ pub(super) fn render_tool_content(
             parts.push(part);
         } else {
             after_turn.push(text_part(&json_string(&item.reference())));
-            after_turn.push(part);
+            after_turn.push(part.to_text());
         }
     }
     for (sound, heard) in e.audio.iter().zip(heard) {
@@ -46,13 +46,11 @@ pub(super) fn render_tool_content(
             after_turn.push(shapes.audio_part(format, base64));
         }
     }
-    parts.extend(e.others.iter().cloned());
+    parts.extend(e.others.iter().map(|o| Rope::from(o.clone())));
     if let (Some(cc), Some(last)) = (&e.cache_control, parts.last_mut()) {
-        if last.ends_with('}') && !last.contains("\"cache_control\"") {
+        if last.ends_with(b'}') && !last.has(b"\"cache_control\"") {
             last.pop();
-            last.push_str(",\"cache_control\":");
-            last.push_str(cc);
-            last.push('}');
+            last.push(crate::json::concat(&[",\"cache_control\":", cc, "}"]));
         }
     }
     // A string stays a string where nothing but text is left (audio taken out, no image).
@@ -60,19 +58,17 @@ pub(super) fn render_tool_content(
     let content = if (text_only || !shapes.images_in_tool_results())
         && result.content.get().starts_with('"')
     {
-        text_json
+        text_json.into()
     } else {
-        // One buffer: an embedded image's base64 is copied once more here, not twice.
-        let mut content =
-            String::with_capacity(parts.iter().map(|p| p.len() + 1).sum::<usize>() + 2);
-        content.push('[');
-        for (i, part) in parts.iter().enumerate() {
+        // The parts as pieces: an embedded image's base64 is not copied here.
+        let mut content = Rope::from("[");
+        for (i, part) in parts.into_iter().enumerate() {
             if i > 0 {
-                content.push(',');
+                content.push(",");
             }
-            content.push_str(part);
+            content.push(part);
         }
-        content.push(']');
+        content.push("]");
         content
     };
     (content, after_turn)

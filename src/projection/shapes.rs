@@ -3,7 +3,7 @@
 //! provider's JSON.
 
 use super::attach::{Embedded, Extras};
-use super::view::{Edit, Raw};
+use super::view::{Edit, Raw, Rope};
 
 /// What an image part shows: bytes sluice embeds, or a URL passed on.
 pub enum ImageRef<'a> {
@@ -40,7 +40,7 @@ pub trait Shapes: std::fmt::Debug + Sync {
 
     /// An image part, with the fields the client sent on its own part (`detail`,
     /// `cache_control`, …) written back (P2).
-    fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> String;
+    fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> Rope;
 
     /// A user's image part rewritten to carry `embedded` (new bytes or a corrected media
     /// type), its other fields kept; `None` when the part cannot be read.

@@ -5,6 +5,7 @@ use super::*;
 use crate::config::RouteConfig;
 use crate::dialect::Dialect;
 use crate::memo::Memo;
+use bytes::Bytes;
 use proptest::prelude::*;
 
 /// P2 at the seam: replacing a tool result's content through its view span changes those
@@ -25,7 +26,7 @@ fn an_edited_request_changes_only_its_spliced_spans() {
             &body,
             vec![Edit {
                 span,
-                with: Bytes::from_static(b"\"new\""),
+                with: Bytes::from_static(b"\"new\"").into(),
             }],
         )
         .unwrap();

@@ -99,7 +99,7 @@ impl<'a> RequestView<'a> {
     pub fn empty(shapes: &'static dyn Shapes, body: &'a str) -> Self {
         #[derive(Deserialize)]
         struct ModelOnly<'a> {
-            #[serde(borrow)]
+            #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
             model: Option<Cow<'a, str>>,
         }
         let model = serde_json::from_str::<ModelOnly>(body)
@@ -123,7 +123,113 @@ impl<'a> RequestView<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
     pub span: Span,
-    pub with: Bytes,
+    pub with: Rope,
+}
+
+/// Bytes written as pieces one after another: an embedded image's base64 stays the buffer it is
+/// kept in, not copied into the part around it, and is sent from there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rope(Vec<Bytes>);
+
+impl Rope {
+    /// `pieces` in order; empty ones are left out.
+    pub fn of(pieces: impl IntoIterator<Item = Bytes>) -> Rope {
+        Rope(pieces.into_iter().filter(|p| !p.is_empty()).collect())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.0
+    }
+
+    /// The bytes in one buffer: the piece itself when there is one, else a copy.
+    pub fn to_bytes(&self) -> Bytes {
+        match self.0.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => {
+                let mut out = BytesMut::with_capacity(self.len());
+                for piece in many {
+                    out.extend_from_slice(piece);
+                }
+                out.freeze()
+            }
+        }
+    }
+
+    /// The bytes as text, lossily (they are written as JSON, so UTF-8 unless an edit is wrong).
+    pub fn to_text(&self) -> String {
+        String::from_utf8_lossy(&self.to_bytes()).into_owned()
+    }
+
+    /// Appends `more`'s pieces.
+    pub fn push(&mut self, more: impl Into<Rope>) {
+        self.0.extend(more.into().0);
+    }
+
+    /// Whether the last byte is `byte`.
+    pub fn ends_with(&self, byte: u8) -> bool {
+        self.0.last().and_then(|p| p.last()) == Some(&byte)
+    }
+
+    /// Whether one of the pieces holds `needle` (a needle that cannot lie across two pieces,
+    /// as a JSON key cannot across a string value's edge).
+    pub fn has(&self, needle: &[u8]) -> bool {
+        self.0
+            .iter()
+            .any(|p| memchr::memmem::find(p, needle).is_some())
+    }
+
+    /// The bytes without their last one.
+    pub fn pop(&mut self) {
+        if let Some(last) = self.0.last_mut() {
+            last.truncate(last.len().saturating_sub(1));
+            if last.is_empty() {
+                self.0.pop();
+            }
+        }
+    }
+}
+
+impl From<std::sync::Arc<str>> for Rope {
+    /// The text shared, not copied.
+    fn from(text: std::sync::Arc<str>) -> Rope {
+        Rope::of([Bytes::from_owner(SharedText(text))])
+    }
+}
+
+/// The buffer behind text a [`Rope`] shares.
+struct SharedText(std::sync::Arc<str>);
+
+impl AsRef<[u8]> for SharedText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl From<Bytes> for Rope {
+    fn from(bytes: Bytes) -> Rope {
+        Rope::of([bytes])
+    }
+}
+
+impl From<String> for Rope {
+    fn from(text: String) -> Rope {
+        Rope::of([Bytes::from(text)])
+    }
+}
+
+impl From<&'static str> for Rope {
+    fn from(text: &'static str) -> Rope {
+        Rope::of([Bytes::from_static(text.as_bytes())])
+    }
 }
 
 /// Edits that cannot be applied together.
@@ -135,11 +241,78 @@ pub enum SpliceError {
     Overlap(Span, Span),
 }
 
-/// Applies `edits` to `body`. Bytes outside the edited spans are copied unchanged (P2); with no
-/// edits the original buffer is returned without a copy (P1). Edits may come in any order.
-pub fn splice(body: &Bytes, mut edits: Vec<Edit>) -> Result<Bytes, SpliceError> {
+/// Below this size a spliced body is joined into one buffer: a copy of a few kilobytes costs less
+/// than sending it as several pieces.
+const JOINED_BELOW: usize = 64 * 1024;
+
+/// A body with its edits applied, as the pieces it is sent in: the received bytes between the
+/// edits are shared with the received body, not copied, and each edit is its own piece. A long
+/// history with a few edits is forwarded without a copy of its megabytes (docs/runtime.md).
+#[derive(Debug, Clone, Default)]
+pub struct Spliced {
+    pieces: Vec<Bytes>,
+    len: usize,
+}
+
+impl Spliced {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pieces, in order; none is empty.
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.pieces
+    }
+
+    /// The body in one buffer: the buffer itself when it is one piece, else a copy.
+    pub fn to_bytes(&self) -> Bytes {
+        match self.pieces.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => {
+                let mut out = BytesMut::with_capacity(self.len);
+                for piece in many {
+                    out.extend_from_slice(piece);
+                }
+                out.freeze()
+            }
+        }
+    }
+
+    pub fn into_pieces(self) -> Vec<Bytes> {
+        self.pieces
+    }
+}
+
+impl From<Bytes> for Spliced {
+    fn from(bytes: Bytes) -> Spliced {
+        let len = bytes.len();
+        Spliced {
+            pieces: if bytes.is_empty() {
+                Vec::new()
+            } else {
+                vec![bytes]
+            },
+            len,
+        }
+    }
+}
+
+/// Applies `edits` to `body`. Bytes outside the edited spans are the original bytes (P2); with
+/// no edits the original buffer is returned without a copy (P1). Edits may come in any order.
+pub fn splice(body: &Bytes, edits: Vec<Edit>) -> Result<Bytes, SpliceError> {
+    splice_shared(body, edits).map(|s| s.to_bytes())
+}
+
+/// [`splice`] without joining: the unedited stretches of a long body stay slices of it.
+pub fn splice_shared(body: &Bytes, mut edits: Vec<Edit>) -> Result<Spliced, SpliceError> {
     if edits.is_empty() {
-        return Ok(body.clone());
+        return Ok(Spliced::from(body.clone()));
     }
     edits.sort_by_key(|e| e.span);
     let mut size = body.len();
@@ -157,15 +330,20 @@ pub fn splice(body: &Bytes, mut edits: Vec<Edit>) -> Result<Bytes, SpliceError> 
         prev = Some(edit.span);
         size = size - (end - start) + edit.with.len();
     }
-    let mut out = BytesMut::with_capacity(size);
+    let mut pieces = Vec::with_capacity(2 * edits.len() + 1);
     let mut at = 0;
-    for edit in &edits {
-        out.extend_from_slice(&body[at..edit.span.start]);
-        out.extend_from_slice(&edit.with);
+    for edit in edits {
+        pieces.push(body.slice(at..edit.span.start));
+        pieces.extend(edit.with.0);
         at = edit.span.end;
     }
-    out.extend_from_slice(&body[at..]);
-    Ok(out.freeze())
+    pieces.push(body.slice(at..));
+    pieces.retain(|p| !p.is_empty());
+    let spliced = Spliced { pieces, len: size };
+    if size < JOINED_BELOW {
+        return Ok(Spliced::from(spliced.to_bytes()));
+    }
+    Ok(spliced)
 }
 
 #[cfg(test)]
@@ -176,7 +354,7 @@ mod tests {
     fn edit(start: usize, end: usize, with: &str) -> Edit {
         Edit {
             span: Span { start, end },
-            with: Bytes::copy_from_slice(with.as_bytes()),
+            with: Bytes::copy_from_slice(with.as_bytes()).into(),
         }
     }
 
@@ -192,6 +370,34 @@ mod tests {
         let body = Bytes::from_static(b"0123456789");
         let out = splice(&body, vec![edit(7, 9, "xy z"), edit(1, 3, "")]).unwrap();
         assert_eq!(&out[..], b"03456xy z9");
+    }
+
+    #[test]
+    fn a_long_body_is_spliced_without_copying_its_unedited_bytes() {
+        let mut text = vec![b'a'; 3 * JOINED_BELOW];
+        text[JOINED_BELOW] = b'b';
+        let body = Bytes::from(text);
+        let at = JOINED_BELOW;
+        let shared = splice_shared(&body, vec![edit(at, at + 1, "cc")]).unwrap();
+        let pieces = shared.pieces();
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(
+            pieces[0].as_ptr(),
+            body.as_ptr(),
+            "the stretch before is the body's"
+        );
+        assert_eq!(pieces[2].as_ptr(), body[at + 1..].as_ptr());
+        assert_eq!(&pieces[1][..], b"cc");
+        assert_eq!(shared.len(), body.len() + 1);
+        // A short one is joined into one buffer.
+        let short = Bytes::from_static(b"0123456789");
+        assert_eq!(
+            splice_shared(&short, vec![edit(1, 2, "x")])
+                .unwrap()
+                .pieces()
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -233,10 +439,14 @@ mod tests {
                 }
             }
             let out = splice(&body, edits.clone()).unwrap();
+            let shared = splice_shared(&body, edits.clone()).unwrap();
+            prop_assert_eq!(shared.len(), out.len());
+            prop_assert!(shared.pieces().iter().all(|p| !p.is_empty()));
+            prop_assert_eq!(&shared.to_bytes()[..], &out[..]);
             // The same edits applied one by one, from the last, with std's Vec::splice.
             let mut expect = body.to_vec();
             for e in edits.iter().rev() {
-                expect.splice(e.span.start..e.span.end, e.with.iter().copied());
+                expect.splice(e.span.start..e.span.end, e.with.to_bytes().iter().copied());
             }
             prop_assert_eq!(&out[..], &expect[..]);
         }

@@ -446,9 +446,9 @@ fn added_after_planning(
 ) -> u64 {
     hidden
         .iter()
-        .map(|e| std::str::from_utf8(&e.with).unwrap_or_default())
-        .chain([read::definition(dialect, read_tool).as_str()])
-        .map(|json| tokenizer.count(&crate::tokens::json_text(json)))
+        .map(|e| e.with.to_text())
+        .chain([read::definition(dialect, read_tool)])
+        .map(|json| tokenizer.count(&crate::tokens::json_text(&json)))
         .sum()
 }
 

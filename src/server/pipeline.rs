@@ -16,7 +16,7 @@ use crate::dialect::Dialect;
 use crate::encoding::Coding;
 use crate::error::GatewayError;
 use crate::projection::exit::Spill;
-use crate::projection::{self, splice, Summary};
+use crate::projection::{self, splice_shared, Summary};
 use crate::route::Route;
 use crate::store::ArtifactKind;
 use crate::tenant::Tenant;
@@ -105,12 +105,12 @@ impl App {
         let draft = seen
             .filter(|_| shows_model && self.inspector.is_some())
             .map(|seen| self.draft(seen, &projection, dialect, &tenant, ctx, start, &body));
-        let forwarded = splice(&body, projection.edits).map_err(|e| {
+        let forwarded = splice_shared(&body, projection.edits).map_err(|e| {
             tracing::error!(request_id = %ctx.request_id, error = %e, "projection produced bad edits");
             GatewayError::Internal
         })?;
         if let (Some(mut draft), Some(inspector)) = (draft, &self.inspector) {
-            draft.forwarded = forwarded.clone();
+            draft.forwarded = forwarded.to_bytes();
             draft.turn.read_tool = tool.is_some();
             commit.inspect(inspector.clone(), draft);
         }
@@ -136,9 +136,10 @@ impl App {
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();
         // No response at all: the commit is dropped, and counted discarded.
+        let forwarded = upstream::body_of(&url, forwarded);
         let started = self
             .upstream
-            .send(parts.method, url, headers, forwarded.into())
+            .send(parts.method, url, headers, forwarded)
             .await?;
         let answered_at = Instant::now();
         match &mut job {
@@ -262,13 +263,13 @@ impl App {
         received: &Bytes,
     ) -> crate::inspect::turn::Draft {
         use crate::inspect::turn::{ContextFate, Draft, Turn};
-        let replaced: std::collections::HashMap<projection::Span, &Bytes> =
+        let replaced: std::collections::HashMap<projection::Span, &projection::Rope> =
             projection.edits.iter().map(|e| (e.span, &e.with)).collect();
         let results = seen
             .results
             .into_iter()
             .map(|(span, mut result)| {
-                result.with = replaced.get(&span).map(|w| (*w).clone());
+                result.with = replaced.get(&span).map(|w| w.to_bytes());
                 result
             })
             .collect();

@@ -41,7 +41,7 @@ pub(super) struct Job {
     pub url: reqwest::Url,
     pub headers: HeaderMap,
     /// The first round's forwarded body.
-    pub body: Bytes,
+    pub body: crate::projection::Spliced,
     /// The client's request as sent: its last history item starts a link's fingerprint (read
     /// only when rounds were hidden, so a request the model answers at once pays nothing).
     pub original: Bytes,
@@ -184,10 +184,10 @@ impl App {
                 break (value, bytes);
             }
             let force = rounds.answered.len() >= job.max_steps;
-            let Some(next) = next_body(&job, &body, &rounds, force) else {
+            let Some(next) = next_body(&job, &body.to_bytes(), &rounds, force) else {
                 break (value, bytes);
             };
-            body = next;
+            body = next.into();
             let waiting = Instant::now();
             let sent = self.round(&job, &body).await;
             *waited += waiting.elapsed();
@@ -313,10 +313,10 @@ impl App {
                 break;
             }
             let force = rounds.answered.len() >= job.max_steps;
-            let Some(next) = next_body(job, &body, &rounds, force) else {
+            let Some(next) = next_body(job, &body.to_bytes(), &rounds, force) else {
                 break;
             };
-            body = next;
+            body = next.into();
             match self.round(job, &body).await {
                 Ok(next) if next.status.is_success() && next.is_event_stream() => {
                     started = next;
@@ -359,13 +359,17 @@ impl App {
     }
 
     /// Sends one further round upstream.
-    async fn round(&self, job: &Job, body: &Bytes) -> Result<Started, crate::error::GatewayError> {
+    async fn round(
+        &self,
+        job: &Job,
+        body: &crate::projection::Spliced,
+    ) -> Result<Started, crate::error::GatewayError> {
         self.upstream
             .send(
                 job.method.clone(),
                 job.url.clone(),
                 job.headers.clone(),
-                body.clone().into(),
+                crate::upstream::body_of(&job.url, body.clone()),
             )
             .await
     }

@@ -11,7 +11,7 @@ use super::Text;
 
 #[derive(Deserialize)]
 struct Request<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
@@ -27,13 +27,13 @@ struct Request<'a> {
 
 #[derive(Deserialize)]
 struct Metadata<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     user_id: Text<'a>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct Message<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     role: Text<'a>,
     #[serde(borrow)]
     content: Option<Content<'a>>,

@@ -19,7 +19,7 @@ type Seen = (String, Option<String>, Span);
 fn reference(body: &str) -> (Vec<Seen>, Vec<Span>) {
     #[derive(Deserialize)]
     struct Msg<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
         role: Text<'a>,
         #[serde(borrow)]
         content: Option<&'a RawValue>,
@@ -31,13 +31,18 @@ fn reference(body: &str) -> (Vec<Seen>, Vec<Span>) {
     }
     #[derive(Deserialize)]
     struct Old<'a> {
-        #[serde(borrow, rename = "type")]
+        #[serde(
+            borrow,
+            rename = "type",
+            default,
+            deserialize_with = "crate::json::borrowed"
+        )]
         kind: Text<'a>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
         id: Text<'a>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
         name: Text<'a>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
         tool_use_id: Text<'a>,
         #[serde(borrow)]
         content: Option<&'a RawValue>,

@@ -332,9 +332,14 @@ fn hint(meta: Option<&Value>) -> Option<Lifetime> {
 
 #[derive(serde::Deserialize)]
 struct Part<'a> {
-    #[serde(borrow, rename = "type")]
+    #[serde(
+        borrow,
+        rename = "type",
+        default,
+        deserialize_with = "crate::json::borrowed"
+    )]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     text: Option<Cow<'a, str>>,
     #[serde(borrow)]
     cache_control: Option<&'a RawValue>,
@@ -352,13 +357,18 @@ struct Part<'a> {
 /// megabyte is not copied to be read.
 #[derive(serde::Deserialize)]
 struct Source<'a> {
-    #[serde(borrow, rename = "type")]
+    #[serde(
+        borrow,
+        rename = "type",
+        default,
+        deserialize_with = "crate::json::borrowed"
+    )]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     media_type: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     data: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     url: Option<Cow<'a, str>>,
 }
 

@@ -87,7 +87,7 @@ pub fn project(
             out.spilled += 1;
             out.edits.push(Edit {
                 span: result.span,
-                with,
+                with: with.into(),
             });
         }
     }
@@ -126,9 +126,14 @@ pub(crate) fn memo_key(
 
 #[derive(Deserialize)]
 struct Part<'a> {
-    #[serde(borrow, rename = "type")]
+    #[serde(
+        borrow,
+        rename = "type",
+        default,
+        deserialize_with = "crate::json::borrowed"
+    )]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
     text: Option<Cow<'a, str>>,
     #[serde(borrow)]
     cache_control: Option<&'a RawValue>,

@@ -175,7 +175,7 @@ pub(super) fn show_retired(
         };
         out.edits.push(Edit {
             span: result.span,
-            with,
+            with: with.into(),
         });
     }
 }
@@ -224,7 +224,11 @@ pub fn estimate(
     tokenizer: Tokenizer,
     memo: &dyn Memos,
 ) -> Estimate {
-    let on_results: HashMap<Span, &Bytes> = p.edits.iter().map(|e| (e.span, &e.with)).collect();
+    let on_results: HashMap<Span, Bytes> = p
+        .edits
+        .iter()
+        .map(|e| (e.span, e.with.to_bytes()))
+        .collect();
     let mut out = Estimate {
         total: 0,
         per_result: Vec::with_capacity(view.tool_results.len()),
@@ -247,9 +251,10 @@ pub fn estimate(
     out.total += fragment_tokens(tokenizer, view.body.get(at..).unwrap_or_default(), memo);
     for e in &p.edits {
         if !result_spans.contains(&e.span) {
+            let with = e.with.to_bytes();
             out.total += fragment_tokens(
                 tokenizer,
-                std::str::from_utf8(&e.with).unwrap_or_default(),
+                std::str::from_utf8(&with).unwrap_or_default(),
                 memo,
             );
         }
