@@ -4,8 +4,9 @@
 //! projected with its session's state and the process's memos, as the front does, and each
 //! stage timed: reading the view (resumed from the previous turn's reading; the whole reading is
 //! timed beside it), finding and checking the images (`prepare`), planning, and
-//! splicing. Printed: each stage's median over turns 2 to 30, their sum, and the baseline of
-//! the same run, decoding the new image's base64 twice.
+//! splicing (into pieces, as a body for an `http` upstream is; joining them, as for `https`, is
+//! timed beside it). Printed: each stage's median over turns 2 to 30, their sum, and the baseline of
+//! the same run, decoding the new image's base64 twice with the `base64` crate's scalar decoder.
 //!
 //! Run: `cargo bench --bench screenshot_turn` (`TURNS`, `ROUNDS` to change the session's length
 //! and how many sessions are run).
@@ -27,7 +28,7 @@ use sluice::dialect::resume::{Receiving, Resumes};
 use sluice::dialect::Dialect;
 use sluice::memo::Memo;
 use sluice::projection::attach::state::{apply, SessionState};
-use sluice::projection::{project_prepared, splice, Context, Prepared};
+use sluice::projection::{project_prepared, splice_shared, Context, Prepared};
 use sluice::tenant::Tenant;
 
 /// A screenshot-like JPEG: coarse noise scaled up (flat areas and edges, as a page has), a
@@ -78,6 +79,8 @@ struct Times {
     prepare: Duration,
     plan: Duration,
     splice: Duration,
+    /// Joining the spliced pieces into one buffer, as a body for an `https` upstream is.
+    joined: Duration,
     baseline: Duration,
 }
 
@@ -139,8 +142,12 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
         };
         let projection = project_prepared(&view, &ctx, prepared);
         let planned = at.elapsed();
-        let forwarded = splice(&body, projection.edits).unwrap();
+        // As forwarded to an `http` upstream: pieces of the received body.
+        let forwarded = splice_shared(&body, projection.edits).unwrap();
         let spliced = at.elapsed();
+        let joining = Instant::now();
+        black_box(forwarded.to_bytes());
+        let joined = joining.elapsed();
         black_box(forwarded);
         drop(view);
         for (k, v) in projection.memos {
@@ -155,6 +162,7 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
             prepare: prepared_at - viewed,
             plan: planned - prepared_at,
             splice: spliced - planned,
+            joined,
             baseline,
         });
     }
@@ -195,13 +203,14 @@ fn main() {
         let baseline = stage(|t| t.baseline);
         println!(
             "screenshot_turn round {round}: median of turns 2-{turns}: view {:.2} ms (read whole {:.2} ms), \
-             prepare {:.2} ms, plan {:.2} ms, splice {:.2} ms; total {:.2} ms; base64 decoded twice {:.2} ms \
+             prepare {:.2} ms, plan {:.2} ms, splice {:.2} ms (joined for https {:.2} ms more); total {:.2} ms; base64 decoded twice {:.2} ms \
              (total {:.1}x, prepare {:.1}x); receiving the body: copied {:.2} ms, copied, checked and hashed {:.2} ms",
             ms(stage(|t| t.view)),
             ms(stage(|t| t.whole)),
             ms(stage(|t| t.prepare)),
             ms(stage(|t| t.plan)),
             ms(stage(|t| t.splice)),
+            ms(stage(|t| t.joined)),
             ms(totals),
             ms(baseline),
             totals.as_secs_f64() / baseline.as_secs_f64(),

@@ -118,8 +118,11 @@ pub fn decode_base64(data: &str, max_bytes: u64) -> Result<Vec<u8>, Refusal> {
             limit: max_bytes,
         });
     }
-    let bytes = STANDARD
-        .decode(data.as_bytes())
+    // SIMD: a screenshot's megabyte of base64 decodes in a fraction of the scalar time. It
+    // accepts exactly what the strict scalar decoder accepts (a property test holds the two
+    // equal).
+    let bytes = base64_simd::STANDARD
+        .decode_to_vec(data.as_bytes())
         .map_err(|_| Refusal::InvalidBase64)?;
     if bytes.len() as u64 > max_bytes {
         return Err(Refusal::TooLarge {
@@ -382,6 +385,29 @@ pub(crate) mod tests {
         crc
     }
 
+    proptest::proptest! {
+        /// The SIMD decoder accepts and refuses what the scalar strict one (base64's STANDARD:
+        /// padded, canonical last symbol, no whitespace) does, and decodes to the same bytes.
+        #[test]
+        fn simd_base64_decodes_as_the_strict_scalar_decoder(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            edits in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::sample::select(b"A/+=z9 -\n_\x80".to_vec())), 0..3),
+            cut in 0usize..4,
+        ) {
+            let mut text = STANDARD.encode(&bytes).into_bytes();
+            for (at, byte) in edits {
+                if !text.is_empty() {
+                    let i = at.index(text.len());
+                    text[i] = byte;
+                }
+            }
+            text.truncate(text.len().saturating_sub(cut));
+            let Ok(text) = String::from_utf8(text) else { return Ok(()) };
+            let scalar = STANDARD.decode(text.as_bytes()).map_err(|_| Refusal::InvalidBase64);
+            proptest::prop_assert_eq!(decode_base64(&text, 1 << 20), scalar);
+        }
+    }
+
     #[test]
     fn strict_base64_with_a_size_cap() {
         assert_eq!(decode_base64("aGVsbG8=", 100).unwrap(), b"hello");
@@ -391,6 +417,10 @@ pub(crate) mod tests {
             "padding required"
         );
         assert_eq!(decode_base64("aGVs bG8=", 100), Err(Refusal::InvalidBase64));
+        // Bits left over in the last symbol: not canonical, refused as the scalar decoder does.
+        assert_eq!(decode_base64("aGVsbG9=", 100), Err(Refusal::InvalidBase64));
+        assert_eq!(decode_base64("aGVsbA==", 100).unwrap(), b"hell");
+        assert_eq!(decode_base64("aGVsbB==", 100), Err(Refusal::InvalidBase64));
         assert_eq!(decode_base64("!!!!", 100), Err(Refusal::InvalidBase64));
         assert!(matches!(
             decode_base64(&"A".repeat(4000), 100),
