@@ -5,8 +5,6 @@
 
 use std::io::Cursor;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use bytes::Bytes;
 use image::{ImageFormat, ImageReader, Limits};
 
@@ -253,6 +251,8 @@ pub fn downscale(image: &Checked, max_dimension: u32, max_bytes: u64) -> Result<
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
     use image::{DynamicImage, RgbImage};
 
     /// A test picture of `w`×`h` with some structure (so compression has work to do).

@@ -31,6 +31,9 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::UPGRADE,
 ];
 
+/// `Keep-Alive` (RFC 9112 appendix C.2.2), hop-by-hop too; named once, not parsed per request.
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct Upstream {
@@ -525,7 +528,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
-    headers.remove("keep-alive");
+    headers.remove(KEEP_ALIVE);
 }
 
 /// Header names listed in `Connection`, which are hop-by-hop too.

@@ -431,7 +431,7 @@ pub(super) fn project_with(
             render_tool_content(view.shapes, result, e, (outcomes, heard), &text);
         out.edits.push(Edit {
             span: result.span,
-            with: content.into(),
+            with: content,
         });
         if !chat_parts.is_empty() {
             chat_turns.push((result.item, chat_parts));
