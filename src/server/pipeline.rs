@@ -43,7 +43,8 @@ impl App {
     /// 7. **read tool**: offered when something is spilled or re-readable (C1, C5); the rounds
     ///    hidden on earlier turns spliced back where the history shows them (C3).
     /// 8. **persist**: artifacts stored before the model is shown a reference (T3).
-    /// 9. **splice**: the edits written into the original bytes (P1, P2).
+    /// 9. **splice**: the edits written into the original bytes (P1, P2); a long body stays
+    ///    pieces of the received one (`projection::Spliced`).
     /// 10. **forward**: header policy, the `Accept-Encoding` sluice decodes; the upstream's head
     ///     and first chunk awaited (502/504).
     /// 11. **relay** (P3) or **read rounds** (C2).
