@@ -116,7 +116,7 @@ impl Upstream {
 /// (GOAWAY, REFUSED_STREAM), which it can do only with a body in one buffer; a plain `http`
 /// upstream speaks HTTP/1.1, where nothing is retried that needs the body again. Over TLS the
 /// body is encrypted record by record anyway, a pass over all of it that the join adds little to.
-pub fn body_of(url: &reqwest::Url, spliced: crate::projection::Spliced) -> reqwest::Body {
+pub fn body_of(url: &reqwest::Url, spliced: crate::projection::Rope) -> reqwest::Body {
     if spliced.pieces().len() <= 1 || url.scheme() != "http" {
         return reqwest::Body::from(spliced.to_bytes());
     }

@@ -34,8 +34,7 @@ use memos::Memos;
 use policy::{Lifetime, Policy};
 use rewrite::{render_tool_content, render_user_part};
 pub use view::{
-    splice, splice_shared, Edit, Raw, RequestView, Rope, Span, SpliceError, Spliced, ToolResult,
-    UserImage,
+    splice, splice_shared, Edit, Raw, RequestView, Rope, Span, SpliceError, ToolResult, UserImage,
 };
 
 /// What a request's projection changed, for the `x-sluice-projection` header (SPEC O3).

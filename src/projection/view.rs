@@ -187,6 +187,10 @@ impl Rope {
             .any(|p| memchr::memmem::find(p, needle).is_some())
     }
 
+    pub fn into_pieces(self) -> Vec<Bytes> {
+        self.0
+    }
+
     /// The bytes without their last one.
     pub fn pop(&mut self) {
         if let Some(last) = self.0.last_mut() {
@@ -245,74 +249,19 @@ pub enum SpliceError {
 /// than sending it as several pieces.
 const JOINED_BELOW: usize = 64 * 1024;
 
-/// A body with its edits applied, as the pieces it is sent in: the received bytes between the
-/// edits are shared with the received body, not copied, and each edit is its own piece. A long
-/// history with a few edits is forwarded without a copy of its megabytes (docs/runtime.md).
-#[derive(Debug, Clone, Default)]
-pub struct Spliced {
-    pieces: Vec<Bytes>,
-    len: usize,
-}
-
-impl Spliced {
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The pieces, in order; none is empty.
-    pub fn pieces(&self) -> &[Bytes] {
-        &self.pieces
-    }
-
-    /// The body in one buffer: the buffer itself when it is one piece, else a copy.
-    pub fn to_bytes(&self) -> Bytes {
-        match self.pieces.as_slice() {
-            [] => Bytes::new(),
-            [one] => one.clone(),
-            many => {
-                let mut out = BytesMut::with_capacity(self.len);
-                for piece in many {
-                    out.extend_from_slice(piece);
-                }
-                out.freeze()
-            }
-        }
-    }
-
-    pub fn into_pieces(self) -> Vec<Bytes> {
-        self.pieces
-    }
-}
-
-impl From<Bytes> for Spliced {
-    fn from(bytes: Bytes) -> Spliced {
-        let len = bytes.len();
-        Spliced {
-            pieces: if bytes.is_empty() {
-                Vec::new()
-            } else {
-                vec![bytes]
-            },
-            len,
-        }
-    }
-}
-
 /// Applies `edits` to `body`. Bytes outside the edited spans are the original bytes (P2); with
 /// no edits the original buffer is returned without a copy (P1). Edits may come in any order.
 pub fn splice(body: &Bytes, edits: Vec<Edit>) -> Result<Bytes, SpliceError> {
     splice_shared(body, edits).map(|s| s.to_bytes())
 }
 
-/// [`splice`] without joining: the unedited stretches of a long body stay slices of it.
-pub fn splice_shared(body: &Bytes, mut edits: Vec<Edit>) -> Result<Spliced, SpliceError> {
+/// [`splice`] as the pieces the body is sent in: the received bytes between the edits are
+/// slices of `body`, not copied, and each edit is its own piece, so a long history with a few
+/// edits is forwarded without a copy of its megabytes (docs/runtime.md). A body under 64 KiB
+/// is joined into one piece.
+pub fn splice_shared(body: &Bytes, mut edits: Vec<Edit>) -> Result<Rope, SpliceError> {
     if edits.is_empty() {
-        return Ok(Spliced::from(body.clone()));
+        return Ok(Rope::from(body.clone()));
     }
     edits.sort_by_key(|e| e.span);
     let mut size = body.len();
@@ -338,10 +287,10 @@ pub fn splice_shared(body: &Bytes, mut edits: Vec<Edit>) -> Result<Spliced, Spli
         at = edit.span.end;
     }
     pieces.push(body.slice(at..));
-    pieces.retain(|p| !p.is_empty());
-    let spliced = Spliced { pieces, len: size };
+    let spliced = Rope::of(pieces);
+    debug_assert_eq!(spliced.len(), size);
     if size < JOINED_BELOW {
-        return Ok(Spliced::from(spliced.to_bytes()));
+        return Ok(Rope::from(spliced.to_bytes()));
     }
     Ok(spliced)
 }

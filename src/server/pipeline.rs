@@ -44,7 +44,7 @@ impl App {
     ///    hidden on earlier turns spliced back where the history shows them (C3).
     /// 8. **persist**: artifacts stored before the model is shown a reference (T3).
     /// 9. **splice**: the edits written into the original bytes (P1, P2); a long body stays
-    ///    pieces of the received one (`projection::Spliced`).
+    ///    pieces of the received one (`projection::splice_shared`).
     /// 10. **forward**: header policy, the `Accept-Encoding` sluice decodes; the upstream's head
     ///     and first chunk awaited (502/504).
     /// 11. **relay** (P3) or **read rounds** (C2).

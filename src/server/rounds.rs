@@ -41,7 +41,7 @@ pub(super) struct Job {
     pub url: reqwest::Url,
     pub headers: HeaderMap,
     /// The first round's forwarded body.
-    pub body: crate::projection::Spliced,
+    pub body: crate::projection::Rope,
     /// The client's request as sent: its last history item starts a link's fingerprint (read
     /// only when rounds were hidden, so a request the model answers at once pays nothing).
     pub original: Bytes,
@@ -362,7 +362,7 @@ impl App {
     async fn round(
         &self,
         job: &Job,
-        body: &crate::projection::Spliced,
+        body: &crate::projection::Rope,
     ) -> Result<Started, crate::error::GatewayError> {
         self.upstream
             .send(
