@@ -24,19 +24,20 @@ pub fn concat(pieces: &[&str]) -> String {
     out
 }
 
-/// A string read from JSON text, borrowed from it when the string has no escapes.
-#[derive(serde::Deserialize)]
-pub struct Borrowed<'a>(#[serde(borrow)] pub std::borrow::Cow<'a, str>);
+/// A string read from JSON text, borrowed from it when the string has no escapes. serde borrows
+/// a `#[serde(borrow)]` field only when its type is exactly `Cow<str>`: an `Option<Cow<str>>`
+/// is always copied (serde-rs/serde#1497), which for a tool result's text or an image's base64
+/// is a megabyte copied to be read. Inside this newtype the `Cow` is exactly that, so an
+/// `Option<Str>` field (`dialect::Text`) borrows.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Str<'a>(#[serde(borrow)] pub std::borrow::Cow<'a, str>);
 
-/// `deserialize_with` for an optional string field that should borrow from the body:
-/// `#[serde(borrow)]` borrows a field that is exactly `Cow<str>`, but inside an `Option` serde
-/// always copies (serde-rs/serde#1497), which for a tool result's text or an image's base64 is
-/// a megabyte copied to be read. Use with `default`, so a missing field is `None`.
-pub fn borrowed<'de: 'a, 'a, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<std::borrow::Cow<'a, str>>, D::Error> {
-    use serde::Deserialize;
-    Ok(Option::<Borrowed<'a>>::deserialize(deserializer)?.map(|b| b.0))
+impl std::ops::Deref for Str<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
 }
 
 /// Sets `key` to `new` when `value` is an object; anything else is left as it is. Whether it
@@ -115,8 +116,8 @@ mod tests {
 
     #[derive(serde::Deserialize)]
     struct Field<'a> {
-        #[serde(borrow, default, deserialize_with = "borrowed")]
-        text: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        text: Option<Str<'a>>,
     }
 
     #[test]
@@ -132,10 +133,10 @@ mod tests {
         let read = |raw: &'static str| serde_json::from_str::<Field>(raw).unwrap().text;
         assert!(matches!(
             read(r#"{"text":"plain"}"#),
-            Some(Cow::Borrowed("plain"))
+            Some(Str(Cow::Borrowed("plain")))
         ));
         // An escape needs its own copy, unescaped.
-        assert!(matches!(read(r#"{"text":"a\nb"}"#), Some(Cow::Owned(s)) if s == "a\nb"));
+        assert!(matches!(read(r#"{"text":"a\nb"}"#), Some(Str(Cow::Owned(s))) if s == "a\nb"));
         assert!(read(r#"{"text":null}"#).is_none());
         assert!(read("{}").is_none());
         assert!(serde_json::from_str::<Field>(r#"{"text":3}"#).is_err());

@@ -15,8 +15,6 @@ pub mod resume;
 pub mod sse;
 pub mod usage;
 
-use std::borrow::Cow;
-
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -209,8 +207,8 @@ pub(crate) fn digest(content: &str) -> u128 {
     xxhash_rust::xxh3::xxh3_128_with_seed(content.as_bytes(), resume::seed())
 }
 
-/// A string field that may be absent; borrowed when it has no escapes.
-pub(crate) type Text<'a> = Option<Cow<'a, str>>;
+/// A string field that may be absent; borrowed when it has no escapes ([`crate::json::Str`]).
+pub(crate) type Text<'a> = Option<crate::json::Str<'a>>;
 
 /// Parses an array value into its elements' raw values; `None` if it is not an array.
 pub(crate) fn elements(raw: &RawValue) -> Option<Vec<&RawValue>> {

@@ -14,7 +14,7 @@ use crate::projection::{Raw, RequestView, Span};
 
 #[derive(Deserialize)]
 struct Request<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
@@ -28,11 +28,11 @@ struct Request<'a> {
 
 #[derive(Deserialize)]
 pub(super) struct Message<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     role: Text<'a>,
     #[serde(borrow)]
     content: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     tool_call_id: Text<'a>,
     #[serde(borrow, default)]
     tool_calls: Option<Vec<ToolCall<'a>>>,
@@ -40,7 +40,7 @@ pub(super) struct Message<'a> {
 
 #[derive(Deserialize)]
 struct ToolCall<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     id: Text<'a>,
     #[serde(borrow)]
     function: Option<Named<'a>>,
@@ -50,18 +50,13 @@ struct ToolCall<'a> {
 
 #[derive(Deserialize)]
 struct Named<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     name: Text<'a>,
 }
 
 #[derive(Deserialize)]
 struct Part<'a> {
-    #[serde(
-        borrow,
-        rename = "type",
-        default,
-        deserialize_with = "crate::json::borrowed"
-    )]
+    #[serde(borrow, rename = "type")]
     kind: Text<'a>,
 }
 
@@ -106,11 +101,7 @@ impl Top {
         };
         self.seen.take(bit)?;
         match bit {
-            0 => {
-                self.model = cur
-                    .value::<Option<crate::json::Borrowed>>()?
-                    .map(|t| Piece::of(body, &t.0))
-            }
+            0 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
             1 => self.tools = cur.value::<Option<&RawValue>>()?.map(|r| span_of(body, r)),
             2 => self.max_completion_tokens = count(cur.value::<Option<&RawValue>>()?),
             3 => self.max_tokens = count(cur.value::<Option<&RawValue>>()?),
@@ -156,9 +147,12 @@ impl<'a> Reading<'a> {
                 for call in message.tool_calls.iter().flatten() {
                     let name = call.function.as_ref().or(call.custom.as_ref());
                     if let (Some(id), Some(Some(name))) = (&call.id, name.map(|n| &n.name)) {
-                        self.found
-                            .gathered
-                            .call(body, &mut self.names, id.clone(), name.clone());
+                        self.found.gathered.call(
+                            body,
+                            &mut self.names,
+                            id.0.clone(),
+                            name.0.clone(),
+                        );
                     }
                 }
             }
@@ -275,7 +269,7 @@ pub fn message_spans(body: &str) -> Option<Vec<(crate::projection::Span, bool)>>
     }
     #[derive(Deserialize)]
     struct Role<'a> {
-        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+        #[serde(borrow)]
         role: Text<'a>,
     }
     let parsed: Messages = serde_json::from_str(body).ok()?;

@@ -14,7 +14,7 @@ use crate::projection::{Raw, RequestView, Span};
 
 #[derive(Deserialize)]
 struct Request<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
@@ -22,7 +22,7 @@ struct Request<'a> {
     input: Option<&'a RawValue>,
     #[serde(borrow)]
     instructions: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     prompt_cache_key: Text<'a>,
     #[serde(borrow)]
     max_output_tokens: Option<&'a RawValue>,
@@ -30,18 +30,13 @@ struct Request<'a> {
 
 #[derive(Deserialize)]
 pub(super) struct Item<'a> {
-    #[serde(
-        borrow,
-        rename = "type",
-        default,
-        deserialize_with = "crate::json::borrowed"
-    )]
+    #[serde(borrow, rename = "type")]
     kind: Text<'a>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     role: Text<'a>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     call_id: Text<'a>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     name: Text<'a>,
     #[serde(borrow)]
     output: Option<&'a RawValue>,
@@ -51,12 +46,7 @@ pub(super) struct Item<'a> {
 
 #[derive(Deserialize)]
 struct Part<'a> {
-    #[serde(
-        borrow,
-        rename = "type",
-        default,
-        deserialize_with = "crate::json::borrowed"
-    )]
+    #[serde(borrow, rename = "type")]
     kind: Text<'a>,
 }
 
@@ -119,11 +109,7 @@ impl Top {
             cur.value()
         }
         match bit {
-            0 => {
-                self.model = cur
-                    .value::<Option<crate::json::Borrowed>>()?
-                    .map(|t| Piece::of(body, &t.0))
-            }
+            0 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
             1 => self.tools = raw(cur)?.map(|r| span_of(body, r)),
             2 if cur.peek() == Some(b'[') => return Some(Field::List),
             2 => {
@@ -132,11 +118,7 @@ impl Top {
                     .map(|r| span_of(body, r))
             }
             3 => self.instructions = raw(cur)?.map(|r| span_of(body, r)),
-            4 => {
-                self.prompt_cache_key = cur
-                    .value::<Option<crate::json::Borrowed>>()?
-                    .map(|t| Piece::of(body, &t.0))
-            }
+            4 => self.prompt_cache_key = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
             _ => self.max_output = count(raw(cur)?),
         }
         Some(Field::Read)
@@ -176,7 +158,7 @@ impl<'a> Reading<'a> {
                 if let (Some(id), Some(name)) = (&item.call_id, &item.name) {
                     self.found
                         .gathered
-                        .call(body, &mut self.names, id.clone(), name.clone());
+                        .call(body, &mut self.names, id.0.clone(), name.0.clone());
                 }
             }
             (Some("function_call_output" | "custom_tool_call_output"), _) => {

@@ -6,10 +6,7 @@ use super::attach::{self, Item, Media, Outcome};
 use super::shapes::{ImageRef, Shapes};
 use super::sounds::Heard;
 use super::view::{Raw, Rope, ToolResult};
-
-pub(super) fn json_string(s: &str) -> String {
-    crate::json::string(s)
-}
+use crate::json::string as json_string;
 
 /// A tool result's new content: its text, then its shown images where the dialect allows images
 /// in tool results, then its other parts. Where it does not (OpenAI chat), the images come back

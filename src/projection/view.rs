@@ -99,8 +99,8 @@ impl<'a> RequestView<'a> {
     pub fn empty(shapes: &'static dyn Shapes, body: &'a str) -> Self {
         #[derive(Deserialize)]
         struct ModelOnly<'a> {
-            #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
-            model: Option<Cow<'a, str>>,
+            #[serde(borrow)]
+            model: Option<crate::json::Str<'a>>,
         }
         let model = serde_json::from_str::<ModelOnly>(body)
             .ok()
@@ -108,7 +108,7 @@ impl<'a> RequestView<'a> {
         Self {
             shapes,
             body,
-            model,
+            model: model.map(|m| m.0),
             tool_results: Vec::new(),
             user_images: Vec::new(),
             tools: None,

@@ -8,10 +8,11 @@ use serde_json::value::RawValue;
 
 use super::resume::Key;
 use super::Text;
+use crate::json::Str;
 
 #[derive(Deserialize)]
 struct Request<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     model: Text<'a>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
@@ -27,13 +28,13 @@ struct Request<'a> {
 
 #[derive(Deserialize)]
 struct Metadata<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     user_id: Text<'a>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct Message<'a> {
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+    #[serde(borrow)]
     role: Text<'a>,
     #[serde(borrow)]
     content: Option<Content<'a>>,
@@ -232,10 +233,10 @@ fn text_of(raw: &RawValue) -> Option<Text<'_>> {
         return None;
     }
     match raw.get(1..raw.len() - 1) {
-        Some(inner) if !inner.contains('\\') => Some(Some(Cow::Borrowed(inner))),
+        Some(inner) if !inner.contains('\\') => Some(Some(Str(Cow::Borrowed(inner)))),
         _ => serde_json::from_str::<String>(raw)
             .ok()
-            .map(|s| Some(Cow::Owned(s))),
+            .map(|s| Some(Str(Cow::Owned(s)))),
     }
 }
 

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use super::{Content, Message, Metadata, Request};
 use crate::dialect::gathered::Gathered;
 use crate::dialect::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
-use crate::dialect::{count, span_of, Dialect};
+use crate::dialect::{count, span_of, Dialect, Text};
 use crate::projection::{Raw, RequestView, Span};
 
 pub(crate) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
@@ -58,11 +58,7 @@ impl Top {
         };
         self.seen.take(bit)?;
         match bit {
-            0 => {
-                self.model = cur
-                    .value::<Option<crate::json::Borrowed>>()?
-                    .map(|t| Piece::of(body, &t.0))
-            }
+            0 => self.model = cur.value::<Text>()?.map(|t| Piece::of(body, &t)),
             1 => self.tools = cur.value::<Option<&RawValue>>()?.map(|r| span_of(body, r)),
             2 => self.system = cur.value::<Option<&RawValue>>()?.map(|r| span_of(body, r)),
             3 => {
@@ -146,9 +142,12 @@ impl<'a> Reading<'a> {
             match (role, block.kind.as_deref()) {
                 (Some("assistant"), Some("tool_use" | "server_tool_use")) => {
                     if let (Some(id), Some(name)) = (&block.id, &block.name) {
-                        self.found
-                            .gathered
-                            .call(body, &mut self.names, id.clone(), name.clone());
+                        self.found.gathered.call(
+                            body,
+                            &mut self.names,
+                            id.0.clone(),
+                            name.0.clone(),
+                        );
                     }
                 }
                 (Some("user"), Some("tool_result")) => {

@@ -19,7 +19,7 @@ type Seen = (String, Option<String>, Span);
 fn reference(body: &str) -> (Vec<Seen>, Vec<Span>) {
     #[derive(Deserialize)]
     struct Msg<'a> {
-        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+        #[serde(borrow)]
         role: Text<'a>,
         #[serde(borrow)]
         content: Option<&'a RawValue>,
@@ -31,18 +31,13 @@ fn reference(body: &str) -> (Vec<Seen>, Vec<Span>) {
     }
     #[derive(Deserialize)]
     struct Old<'a> {
-        #[serde(
-            borrow,
-            rename = "type",
-            default,
-            deserialize_with = "crate::json::borrowed"
-        )]
+        #[serde(borrow, rename = "type")]
         kind: Text<'a>,
-        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+        #[serde(borrow)]
         id: Text<'a>,
-        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+        #[serde(borrow)]
         name: Text<'a>,
-        #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
+        #[serde(borrow)]
         tool_use_id: Text<'a>,
         #[serde(borrow)]
         content: Option<&'a RawValue>,
@@ -66,7 +61,7 @@ fn reference(body: &str) -> (Vec<Seen>, Vec<Span>) {
                 }
                 (Some("user"), Some("tool_result")) => {
                     if let (Some(id), Some(c)) = (b.tool_use_id, b.content) {
-                        let name = names.get(id.as_ref()).cloned();
+                        let name = names.get(&*id).cloned();
                         results.push((id.to_string(), name, span_in(body, c.get())));
                     }
                 }

@@ -332,15 +332,10 @@ fn hint(meta: Option<&Value>) -> Option<Lifetime> {
 
 #[derive(serde::Deserialize)]
 struct Part<'a> {
-    #[serde(
-        borrow,
-        rename = "type",
-        default,
-        deserialize_with = "crate::json::borrowed"
-    )]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
-    text: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type")]
+    kind: Option<crate::json::Str<'a>>,
+    #[serde(borrow)]
+    text: Option<crate::json::Str<'a>>,
     #[serde(borrow)]
     cache_control: Option<&'a RawValue>,
     /// Anthropic: `{"type":"base64","media_type","data"}` or `{"type":"url","url"}`.
@@ -357,19 +352,14 @@ struct Part<'a> {
 /// megabyte is not copied to be read.
 #[derive(serde::Deserialize)]
 struct Source<'a> {
-    #[serde(
-        borrow,
-        rename = "type",
-        default,
-        deserialize_with = "crate::json::borrowed"
-    )]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
-    media_type: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
-    data: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
-    url: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type")]
+    kind: Option<crate::json::Str<'a>>,
+    #[serde(borrow)]
+    media_type: Option<crate::json::Str<'a>>,
+    #[serde(borrow)]
+    data: Option<crate::json::Str<'a>>,
+    #[serde(borrow)]
+    url: Option<crate::json::Str<'a>>,
 }
 
 /// Responses puts a string here; chat an object `{url, detail}`.
@@ -434,7 +424,7 @@ pub fn tool_result(content: Raw<'_>, tenant: &Tenant) -> Option<Extracted> {
                         data: Some(data),
                         media_type,
                         ..
-                    }) if k == "base64" => {
+                    }) if &*k == "base64" => {
                         texts.push(finder.image(&data, media_type.as_deref(), lifetime));
                         finder.keep_extras(part);
                     }
@@ -549,7 +539,7 @@ pub fn user_part(part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Item> {
                 ..
             }),
             _,
-        ) if kind == "base64" => {
+        ) if &*kind == "base64" => {
             finder.image(&data, media_type.as_deref(), None);
         }
         (Some(Source { url: Some(url), .. }), _) => {

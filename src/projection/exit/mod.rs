@@ -126,15 +126,10 @@ pub(crate) fn memo_key(
 
 #[derive(Deserialize)]
 struct Part<'a> {
-    #[serde(
-        borrow,
-        rename = "type",
-        default,
-        deserialize_with = "crate::json::borrowed"
-    )]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "crate::json::borrowed")]
-    text: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type")]
+    kind: Option<crate::json::Str<'a>>,
+    #[serde(borrow)]
+    text: Option<crate::json::Str<'a>>,
     #[serde(borrow)]
     cache_control: Option<&'a RawValue>,
 }
@@ -156,7 +151,7 @@ fn read_content<'a>(content: Raw<'a>) -> Option<(Cow<'a, str>, Option<Vec<&'a Ra
     for part in &parts {
         let p: Part = serde_json::from_str(part.get()).ok()?;
         if is_text_part(p.kind.as_deref()) {
-            texts.push(p.text.unwrap_or_default());
+            texts.push(p.text.map(|t| t.0).unwrap_or_default());
         }
     }
     let text = if texts.len() == 1 {
