@@ -26,9 +26,12 @@ use super::Shared;
 /// few megabytes of history, paging and hashing its outputs take milliseconds.
 const HEAVY_BODY_BYTES: usize = 1024 * 1024;
 
-/// How long a request waits for its session's previous commit to land (a local store commits
-/// in about a millisecond, Redis in a round trip).
-const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long a request waits for its session's previous commit to land. A local store commits in
+/// about a millisecond and Redis in a round trip, but the commit first waits for the turn's image
+/// artifacts, each synced to disk: on a busy or network disk that has taken more than 200 ms.
+/// The bound is the session store's own response timeout (Redis, 2 s), so a store that hangs
+/// holds its session's next request no longer than a load from it would.
+const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the front decided, owned, so it can come back from the blocking pool.
 pub(super) struct Front {
@@ -350,7 +353,14 @@ impl Shared {
         // retired, an image shown once). Wait for it, within a bound a store that hangs cannot
         // stretch.
         if let Some(mut landing) = self.landing.get(&key.0) {
-            let _ = tokio::time::timeout(COMMIT_WAIT, landing.wait_for(|landed| *landed)).await;
+            let waited = tokio::time::timeout(COMMIT_WAIT, landing.wait_for(|landed| *landed));
+            if waited.await.is_err() {
+                tracing::warn!(
+                    request_id,
+                    wait_seconds = COMMIT_WAIT.as_secs_f64(),
+                    "the session's previous commit has not landed; planning on the state before it"
+                );
+            }
         }
         self.metrics
             .sessions_active
