@@ -13,6 +13,10 @@ pub struct Route {
     models: GlobSet,
     /// Base URL; the request path is appended to its path.
     base_url: reqwest::Url,
+    /// The base URL's scheme and authority, parsed once for every request's URI.
+    origin: (http::uri::Scheme, http::uri::Authority),
+    /// The base URL's path without its trailing `/` (empty for none): the request path's prefix.
+    prefix: String,
     /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
     pub api_key: Option<HeaderValue>,
     /// The tenant of requests without a credential (`tenant`), if the route names one.
@@ -30,18 +34,21 @@ impl std::fmt::Debug for Route {
 }
 
 impl Route {
-    /// The upstream URL for a request: the base URL with the request's path appended and its
-    /// query kept. Built from the parsed base, so the host is not parsed again per request.
-    pub fn url(&self, uri: &http::Uri) -> reqwest::Url {
-        let mut url = self.base_url.clone();
-        let prefix = self.base_url.path().trim_end_matches('/');
-        if prefix.is_empty() {
-            url.set_path(uri.path());
-        } else {
-            url.set_path(&format!("{prefix}{}", uri.path()));
-        }
-        url.set_query(uri.query());
-        url
+    /// The upstream URI for a request: the base URL with the request's path appended and its
+    /// query kept. Built from the parsed base, so the host is not parsed again per request, and
+    /// without a base path the client's path and query are taken as they are (not parsed).
+    pub fn uri(&self, uri: &http::Uri) -> Result<http::Uri, http::Error> {
+        let asked = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let path_and_query = match uri.path_and_query() {
+            Some(pq) if self.prefix.is_empty() => pq.clone(),
+            _ => http::uri::PathAndQuery::try_from(format!("{}{asked}", self.prefix))?,
+        };
+        let (scheme, authority) = self.origin.clone();
+        http::Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query(path_and_query)
+            .build()
     }
 }
 
@@ -90,8 +97,23 @@ impl RouteTable {
                 key: format!("routes.{i}.upstream"),
                 message: e.to_string(),
             })?;
+            let bad = |message: String| ConfigError {
+                key: format!("routes.{i}.upstream"),
+                message,
+            };
+            let parsed: http::Uri = base_url
+                .as_str()
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
+            let origin = match (parsed.scheme(), parsed.authority()) {
+                (Some(scheme), Some(authority)) => (scheme.clone(), authority.clone()),
+                _ => return Err(bad("an upstream URL needs a scheme and a host".into())),
+            };
+            let prefix = parsed.path().trim_end_matches('/').to_string();
             routes.push(Route {
                 base_url,
+                origin,
+                prefix,
                 config: config.clone(),
                 models,
                 api_key,
@@ -190,8 +212,8 @@ mod tests {
             table
                 .select(Dialect::OpenAiChat, "x")
                 .unwrap()
-                .url(&root)
-                .as_str(),
+                .uri(&root)
+                .unwrap(),
             "http://openai.example/"
         );
         assert_eq!(
@@ -202,14 +224,28 @@ mod tests {
 
     #[test]
     fn base_paths_prefix_the_request_path() {
-        let mut config = route("gw", &[Dialect::OpenAiChat], &["*"]);
-        config.upstream = "https://gw.example/openai/".into();
-        let table = RouteTable::new(&[config]).unwrap();
-        let route = table.select(Dialect::OpenAiChat, "m").unwrap();
-        let uri: http::Uri = "/v1/chat/completions".parse().unwrap();
+        let mut gw = route("gw", &[Dialect::OpenAiChat], &["*"]);
+        gw.upstream = "https://gw.example/openai/".into();
+        let mut direct = route("direct", &[Dialect::AnthropicMessages], &["*"]);
+        direct.upstream = "http://127.0.0.1:8080".into();
+        let table = RouteTable::new(&[gw, direct]).unwrap();
+        let uri: http::Uri = "/v1/chat/completions?beta=true".parse().unwrap();
         assert_eq!(
-            route.url(&uri).as_str(),
-            "https://gw.example/openai/v1/chat/completions"
+            table
+                .select(Dialect::OpenAiChat, "m")
+                .unwrap()
+                .uri(&uri)
+                .unwrap(),
+            "https://gw.example/openai/v1/chat/completions?beta=true"
+        );
+        // Without a base path the client's own path and query go as they came.
+        assert_eq!(
+            table
+                .select(Dialect::AnthropicMessages, "m")
+                .unwrap()
+                .uri(&uri)
+                .unwrap(),
+            "http://127.0.0.1:8080/v1/chat/completions?beta=true"
         );
     }
 }

@@ -90,7 +90,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("cannot build the upstream client: {0}")]
-    Client(#[from] reqwest::Error),
+    Client(#[from] crate::upstream::ClientError),
     #[error("cannot register metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("store.data_dir: cannot use {path}: {source}")]

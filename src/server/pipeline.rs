@@ -115,7 +115,10 @@ impl App {
             draft.turn.read_tool = tool.is_some();
             commit.inspect(inspector.clone(), draft);
         }
-        let url = route.url(&parts.uri);
+        let uri = route.uri(&parts.uri).map_err(|e| {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot build the upstream URI");
+            GatewayError::Internal
+        })?;
         let headers = forward_headers(parts.headers, route, ctx);
         let mut job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
             dialect,
@@ -123,7 +126,7 @@ impl App {
             max_steps: route.config.max_read_steps,
             tenant: tenant.clone(),
             method: parts.method.clone(),
-            url: url.clone(),
+            uri: uri.clone(),
             headers: headers.clone(),
             body: forwarded.clone(),
             original: body.clone(),
@@ -137,10 +140,10 @@ impl App {
         let before_send = read_at.elapsed();
         let sent_at = Instant::now();
         // No response at all: the commit is dropped, and counted discarded.
-        let forwarded = upstream::body_of(&url, forwarded);
+        let forwarded = upstream::Outgoing::pieces(forwarded);
         let started = self
             .upstream
-            .send(parts.method, url, headers, forwarded)
+            .send(parts.method, uri, headers, forwarded)
             .await?;
         let answered_at = Instant::now();
         match &mut job {

@@ -34,21 +34,24 @@ impl App {
             })?;
         ctx.route.clone_from(&route.config.name);
         let (parts, incoming) = req.into_parts();
-        let url = route.url(&parts.uri);
+        let uri = route.uri(&parts.uri).map_err(|e| {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot build the upstream URI");
+            GatewayError::Internal
+        })?;
         let headers = upstream::request_headers(parts.headers, route, ctx.family);
         let expired = Arc::new(AtomicBool::new(false));
         let body = if http_body::Body::is_end_stream(&incoming) {
-            reqwest::Body::from(Bytes::new())
+            upstream::Outgoing::empty()
         } else {
             let timeout = self.config.request_body_timeout();
-            reqwest::Body::wrap(TimedBody {
+            upstream::Outgoing::stream(TimedBody {
                 inner: incoming,
                 deadline: Box::pin(tokio::time::sleep(timeout)),
                 expired: expired.clone(),
             })
         };
         let sent_at = Instant::now();
-        let sent = self.upstream.send(parts.method, url, headers, body).await;
+        let sent = self.upstream.send(parts.method, uri, headers, body).await;
         let started = match sent {
             Err(_) if expired.load(Ordering::Relaxed) => {
                 return Err(GatewayError::BodyTimeout {

@@ -38,7 +38,7 @@ pub(super) struct Job {
     pub max_steps: usize,
     pub tenant: Tenant,
     pub method: Method,
-    pub url: reqwest::Url,
+    pub uri: http::Uri,
     pub headers: HeaderMap,
     /// The first round's forwarded body.
     pub body: crate::projection::Rope,
@@ -367,9 +367,9 @@ impl App {
         self.upstream
             .send(
                 job.method.clone(),
-                job.url.clone(),
+                job.uri.clone(),
                 job.headers.clone(),
-                crate::upstream::body_of(&job.url, body.clone()),
+                crate::upstream::Outgoing::pieces(body.clone()),
             )
             .await
     }
