@@ -29,8 +29,10 @@ type Body = BoxBody<Bytes, BoxError>;
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub method: String,
-    /// Path and query.
+    /// Path and query (absolute when the request came as to a proxy, or over h2).
     pub uri: String,
+    /// HTTP/1.1, or HTTP/2 when a TLS client chose it (ALPN).
+    pub version: http::Version,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
@@ -100,9 +102,51 @@ impl Default for State {
     }
 }
 
+/// The TLS side of a mock provider: a test CA and a certificate it signed for 127.0.0.1.
+pub struct Tls {
+    /// The CA's certificate as a PEM file, for a client's `SSL_CERT_FILE`.
+    pub ca: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tls {
+    /// A new test CA, and a server config for 127.0.0.1 offering `alpn` (in order).
+    pub fn new(alpn: &[&[u8]]) -> (Tls, Arc<rustls::ServerConfig>) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "sluice test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+            )
+            .unwrap();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        (Tls { ca, _dir: dir }, Arc::new(config))
+    }
+}
+
 /// A running mock provider. Dropping it stops it.
 pub struct MockUpstream {
     pub addr: SocketAddr,
+    /// Set when the mock is served over TLS ([`MockUpstream::start_tls`]).
+    pub tls: Option<Tls>,
     state: Arc<Mutex<State>>,
     gate: Arc<Notify>,
     stop: Option<oneshot::Sender<()>>,
@@ -111,6 +155,18 @@ pub struct MockUpstream {
 
 impl MockUpstream {
     pub fn start() -> MockUpstream {
+        Self::serving(None)
+    }
+
+    /// The mock over TLS, offering h2 and HTTP/1.1 (ALPN, in that order) as providers do.
+    pub fn start_tls() -> MockUpstream {
+        let (tls, config) = Tls::new(&[b"h2", b"http/1.1"]);
+        let mut mock = Self::serving(Some(tokio_rustls::TlsAcceptor::from(config)));
+        mock.tls = Some(tls);
+        mock
+    }
+
+    fn serving(tls: Option<tokio_rustls::TlsAcceptor>) -> MockUpstream {
         let state = Arc::new(Mutex::new(State::default()));
         let gate = Arc::new(Notify::new());
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -122,11 +178,12 @@ impl MockUpstream {
                 .enable_all()
                 .build()
                 .expect("mock runtime");
-            runtime.block_on(serve(st, gt, addr_tx, stop_rx));
+            runtime.block_on(serve(st, gt, addr_tx, stop_rx, tls));
         });
         let addr = addr_rx.recv().expect("mock address");
         MockUpstream {
             addr,
+            tls: None,
             state,
             gate,
             stop: Some(stop_tx),
@@ -135,7 +192,8 @@ impl MockUpstream {
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Queue replies, used in order by the next requests; after them, text answers.
@@ -196,6 +254,7 @@ async fn serve(
     gate: Arc<Notify>,
     addr_tx: std::sync::mpsc::Sender<SocketAddr>,
     mut stop: oneshot::Receiver<()>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -208,16 +267,29 @@ async fn serve(
             accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => continue },
             _ = &mut stop => return,
         };
-        let (state, gate) = (state.clone(), gate.clone());
+        let (state, gate, tls) = (state.clone(), gate.clone(), tls.clone());
         #[allow(clippy::disallowed_methods)] // the mock's runtime ends with the test
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let (state, gate) = (state.clone(), gate.clone());
                 async move { Ok::<_, Infallible>(answer(req, state, gate).await) }
             });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let serving = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let _ = match tls {
+                None => {
+                    serving
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await
+                }
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => {
+                        serving
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await
+                    }
+                    Err(_) => return,
+                },
+            };
         });
     }
 }
@@ -352,6 +424,7 @@ async fn respond(
     let recorded = Recorded {
         method: parts.method.to_string(),
         uri: parts.uri.to_string(),
+        version: parts.version,
         headers: parts.headers,
         body,
     };
