@@ -29,14 +29,16 @@ fn spilled_turn(stream: bool) -> Value {
         {"role": "tool", "tool_call_id": "call_1", "content": tool_output(150_000)}]})
 }
 
+/// Sluice in front of `upstream`, trusting the test CA of `tls` as the platform's roots.
+fn trusting(upstream: &str, tls: &Tls) -> Sluice {
+    let ca = tls.ca.to_str().unwrap();
+    Sluice::start_with(&config_for(upstream, ""), &[("SSL_CERT_FILE", ca)])
+}
+
 #[tokio::test]
 async fn an_https_provider_is_reached_over_h2_with_the_platforms_roots() {
     let mock = MockUpstream::start_tls();
-    let ca = mock.tls.as_ref().unwrap().ca.to_str().unwrap().to_string();
-    let sluice = Sluice::start_with(
-        &config_for(&mock.base_url(), ""),
-        &[("SSL_CERT_FILE", ca.as_str())],
-    );
+    let sluice = trusting(&mock.base_url(), mock.tls.as_ref().unwrap());
     // Projected, whole and streamed.
     let resp = post(&sluice, CHAT, &spilled_turn(false)).await;
     assert_eq!(resp.status(), 200, "{}", sluice.logs().join("\n"));
@@ -162,11 +164,7 @@ impl Refusing {
 #[tokio::test]
 async fn a_request_an_h2_provider_refused_unread_is_sent_again() {
     let provider = Refusing::start(2).await;
-    let ca = provider.tls.ca.to_str().unwrap().to_string();
-    let sluice = Sluice::start_with(
-        &config_for(&format!("https://{}", provider.addr), ""),
-        &[("SSL_CERT_FILE", ca.as_str())],
-    );
+    let sluice = trusting(&format!("https://{}", provider.addr), &provider.tls);
     let turn = spilled_turn(false);
     let resp = post(&sluice, CHAT, &turn).await;
     assert_eq!(resp.status(), 200, "{}", sluice.logs().join("\n"));
@@ -178,11 +176,7 @@ async fn a_request_an_h2_provider_refused_unread_is_sent_again() {
     assert!(content.contains("artifact://"), "the projected body, whole");
     // Refused three times: the client gets the provider's refusal as a 502, and no retry loop.
     let provider = Refusing::start(3).await;
-    let ca = provider.tls.ca.to_str().unwrap().to_string();
-    let sluice = Sluice::start_with(
-        &config_for(&format!("https://{}", provider.addr), ""),
-        &[("SSL_CERT_FILE", ca.as_str())],
-    );
+    let sluice = trusting(&format!("https://{}", provider.addr), &provider.tls);
     let resp = post(&sluice, CHAT, &turn).await;
     assert_eq!(resp.status(), 502);
     assert_eq!(provider.refused.load(Ordering::SeqCst), 3);

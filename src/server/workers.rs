@@ -410,7 +410,9 @@ pub(super) fn serve<H, F>(
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT);
         let service = service_fn(move |req| {
-            let response = handler(req);
+            // A request's future is kilobytes (every stage's state): boxed once, it is not
+            // copied again as hyper moves it around.
+            let response = Box::pin(handler(req));
             async move { Ok::<_, Infallible>(response.await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);

@@ -64,6 +64,12 @@ pub fn response_headers(mut headers: HeaderMap) -> HeaderMap {
 
 /// Removes the headers that describe one hop of a connection, and those that `Connection` names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests and responses carry none: one pass over the names instead of a lookup of
+    // each hop-by-hop name (a `Connection` header is one of them).
+    let hop = |name: &HeaderName| HOP_BY_HOP.contains(name) || *name == KEEP_ALIVE;
+    if !headers.keys().any(hop) {
+        return;
+    }
     for name in connection_tokens(headers) {
         headers.remove(name.as_str());
     }
