@@ -93,6 +93,21 @@ async fn a_provider_whose_certificate_is_not_trusted_gets_no_request() {
     assert!(logs.contains("certificate"), "the log says why: {logs}");
 }
 
+#[tokio::test]
+async fn a_provider_that_never_answers_tls_gets_the_connect_timeout() {
+    // The kernel takes the connection (the backlog); nobody ever answers the client's hello.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // config_for: connect timeout 2 s, first-byte timeout 10 s.
+    let sluice = Sluice::start(&config_for(&format!("https://127.0.0.1:{port}"), ""));
+    let resp = post(&sluice, CHAT, &spilled_turn(false)).await;
+    assert_eq!(resp.status(), 504);
+    let v: Value = resp.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the connect timeout"), "{message}");
+    drop(silent);
+}
+
 /// An HTTP/2 provider over TLS that refuses its first `refuse` streams unread (REFUSED_STREAM,
 /// RFC 9113 section 8.7) and answers the others with a chat completion, keeping their bodies.
 struct Refusing {

@@ -33,7 +33,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A response body from the upstream, whichever client received it.
 pub(crate) type Incoming = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+type Tls = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// How many times a request is sent again after an HTTP/2 provider refused it unread.
 const RESENDS: usize = 2;
@@ -73,20 +73,24 @@ impl Upstream {
         http.set_nodelay(true);
         // Notice a provider connection that died silently before a request is sent on it.
         http.set_keepalive(Some(Duration::from_secs(30)));
-        let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_platform_verifier(rustls::crypto::ring::default_provider())
             .map_err(|e| ClientError(format!("TLS roots: {e}")))?
             .https_or_http()
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        let connector = Connector {
+            https,
+            limit: connect,
+        };
         let client = legacy::Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(pool_idle)
             // Large streamed answers over h2 should not be held back by a small fixed window.
             .http2_adaptive_window(true)
-            .build(tls);
+            .build(connector);
         let named = PROXY_VARIABLES
             .iter()
             .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
@@ -196,6 +200,42 @@ impl Upstream {
                 },
             }
         }
+    }
+}
+
+/// The connector, bounded as a whole by the connect timeout: the TCP connection and the TLS
+/// handshake, so a provider (or a middlebox) that takes the connection and never answers TLS
+/// is a connect timeout, not a wait for the first-byte one.
+#[derive(Clone)]
+struct Connector {
+    https: Tls,
+    limit: Duration,
+}
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = <Tls as tower_service::Service<http::Uri>>::Response;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.https.poll_ready(cx)
+    }
+
+    fn call(&mut self, dst: http::Uri) -> Self::Future {
+        let connecting = self.https.call(dst);
+        let limit = self.limit;
+        Box::pin(async move {
+            match tokio::time::timeout(limit, connecting).await {
+                Ok(connected) => connected,
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting and the TLS handshake took longer than the connect timeout",
+                )
+                .into()),
+            }
+        })
     }
 }
 
