@@ -11,8 +11,6 @@ use crate::dialect::{Dialect, Family};
 pub struct Route {
     pub config: RouteConfig,
     models: GlobSet,
-    /// Base URL; the request path is appended to its path.
-    base_url: reqwest::Url,
     /// The base URL's scheme and authority, parsed once for every request's URI.
     origin: (http::uri::Scheme, http::uri::Authority),
     /// The base URL's path without its trailing `/` (empty for none): the request path's prefix.
@@ -27,7 +25,7 @@ impl std::fmt::Debug for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Route")
             .field("name", &self.config.name)
-            .field("base", &self.base_url.as_str())
+            .field("base", &self.config.upstream)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .finish()
     }
@@ -38,10 +36,12 @@ impl Route {
     /// query kept. Built from the parsed base, so the host is not parsed again per request, and
     /// without a base path the client's path and query are taken as they are (not parsed).
     pub fn uri(&self, uri: &http::Uri) -> Result<http::Uri, http::Error> {
-        let asked = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let path_and_query = match uri.path_and_query() {
             Some(pq) if self.prefix.is_empty() => pq.clone(),
-            _ => http::uri::PathAndQuery::try_from(format!("{}{asked}", self.prefix))?,
+            asked => {
+                let asked = asked.map_or("/", http::uri::PathAndQuery::as_str);
+                http::uri::PathAndQuery::try_from(format!("{}{asked}", self.prefix))?
+            }
         };
         let (scheme, authority) = self.origin.clone();
         http::Uri::builder()
@@ -111,7 +111,6 @@ impl RouteTable {
             };
             let prefix = parsed.path().trim_end_matches('/').to_string();
             routes.push(Route {
-                base_url,
                 origin,
                 prefix,
                 config: config.clone(),

@@ -57,6 +57,19 @@ fn request_id(prefix: u64, n: u64) -> String {
     id
 }
 
+/// The upstream URI of a request on `route`. It cannot fail for a path hyper accepted and a base
+/// the route table parsed; if it ever does, the request gets a 500 and the log says why.
+pub(super) fn upstream_uri(
+    route: &crate::route::Route,
+    uri: &http::Uri,
+    ctx: &Context,
+) -> Result<http::Uri, GatewayError> {
+    route.uri(uri).map_err(|e| {
+        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot build the upstream URI");
+        GatewayError::Internal
+    })
+}
+
 /// What the handler knows about a request when it answers it, for metrics and logs.
 pub(super) struct Context {
     pub(super) request_id: String,

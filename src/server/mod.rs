@@ -50,7 +50,7 @@ mod sessions;
 mod workers;
 
 use body::{decode_body, full, plain, read_body};
-use handle::{Context, InFlight};
+use handle::{upstream_uri, Context, InFlight};
 use workers::{
     accept_error, acceptor, connection_cap, serve_admin, sweep, watch_store, worker, Balance,
     Source,

@@ -115,10 +115,7 @@ impl App {
             draft.turn.read_tool = tool.is_some();
             commit.inspect(inspector.clone(), draft);
         }
-        let uri = route.uri(&parts.uri).map_err(|e| {
-            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot build the upstream URI");
-            GatewayError::Internal
-        })?;
+        let uri = super::upstream_uri(route, &parts.uri, ctx)?;
         let headers = forward_headers(parts.headers, route, ctx);
         let mut job = tool.filter(|_| shows_model).map(|tool| rounds::Job {
             dialect,

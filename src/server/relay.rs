@@ -34,10 +34,7 @@ impl App {
             })?;
         ctx.route.clone_from(&route.config.name);
         let (parts, incoming) = req.into_parts();
-        let uri = route.uri(&parts.uri).map_err(|e| {
-            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot build the upstream URI");
-            GatewayError::Internal
-        })?;
+        let uri = super::upstream_uri(route, &parts.uri, ctx)?;
         let headers = upstream::request_headers(parts.headers, route, ctx.family);
         let expired = Arc::new(AtomicBool::new(false));
         let body = if http_body::Body::is_end_stream(&incoming) {

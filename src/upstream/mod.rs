@@ -180,21 +180,32 @@ impl Upstream {
                 return Ok(response.map(|b| b.map_err(BoxError::from).boxed()));
             }
         }
-        let mut body = body;
-        let mut resends = RESENDS;
+        // h2 comes only by ALPN, over TLS: a plain `http` request is never refused that way, and
+        // keeps no copy of itself to send again.
+        let mut resends = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+            RESENDS
+        } else {
+            0
+        };
+        let (mut body, mut head) = (body, (method, uri, headers));
         loop {
-            let again = body.again().filter(|_| resends > 0);
+            let again = (resends > 0)
+                .then(|| body.again())
+                .flatten()
+                .map(|again| (again, head.clone()));
             let mut request = http::Request::new(body);
-            *request.method_mut() = method.clone();
-            *request.uri_mut() = uri.clone();
-            *request.headers_mut() = headers.clone();
+            (
+                *request.method_mut(),
+                *request.uri_mut(),
+                *request.headers_mut(),
+            ) = head;
             match self.client.request(request).await {
                 Ok(response) => return Ok(response.map(|b| b.map_err(BoxError::from).boxed())),
                 Err(e) => match again {
                     Some(next) if refused_unread(&e) => {
                         tracing::debug!(error = %e, "the upstream refused the request unread; sending it again");
                         resends -= 1;
-                        body = next;
+                        (body, head) = next;
                     }
                     _ => return Err(e.into()),
                 },
