@@ -8,6 +8,9 @@
 # The mock is nginx returning a fixed answer (JSON, or SSE when the x-mock-stream header is set).
 #  (c) PARTS=balance: connection patterns (1/2/8/64) per balancing design, with per-thread
 #      CPU shares (BALANCES, BAL_PAYLOAD, BAL_MODE choose what runs).
+# GEN picks the generator of (b) and (c): wrk (default; the issue's own figures came from it, and
+# it takes about a third of oha's CPU per request, which on two cores is CPU the proxy competes
+# for) or oha. (a) always uses oha, which holds a fixed arrival rate.
 # Traffic goes to 127.0.0.1 only. Usage: benches/load.sh [DURATION_SECONDS] (default 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +20,12 @@ CONNS=${CONNS:-8}
 PAYLOADS=${PAYLOADS:-small agent}   # subsets for quick looks, e.g. PAYLOADS=small MODES=json
 MODES=${MODES:-json stream}
 PARTS=${PARTS:-latency throughput balance}
+GEN=${GEN:-wrk}
 
 command -v oha >/dev/null || cargo install oha --locked
+if ! command -v wrk >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
 if ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
 fi
@@ -113,6 +120,26 @@ run() { # target payload mode [extra oha args...] -> oha JSON on stdout
     "${hdr[@]}" "$@" "$(url "$target")/v1/chat/completions"
 }
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+cat > "$work/post.lua" <<'LUA'
+local f = io.open(os.getenv("BODY"), "rb"); local body = f:read("*a"); f:close()
+wrk.method = "POST"; wrk.body = body
+wrk.headers["Content-Type"] = "application/json"
+if os.getenv("STREAM") == "1" then wrk.headers["x-mock-stream"] = "1" end
+LUA
+saturate() { # target payload mode connections -> "requests req/s" at saturation, by $GEN
+  local target=$1 payload=$2 mode=$3 c=$4 out
+  if [ "$GEN" = oha ]; then
+    out=$(run "$target" "$payload" "$mode" -c "$c")
+    echo "$(echo "$out" | field "int(d['summary']['requestsPerSec'] * d['summary']['total'])") $(echo "$out" | field "round(d['summary']['requestsPerSec'])")"
+    return
+  fi
+  local file="$work/$payload.json" stream=0
+  [ "$mode" = stream ] && file="$work/$payload-stream.json" stream=1
+  out=$(BODY=$file STREAM=$stream wrk -t "$(( c < 2 ? 1 : 2 ))" -c "$c" -d "${SECONDS_EACH}s" -s "$work/post.lua" \
+    "$(url "$target")/v1/chat/completions")
+  if echo "$out" | grep -q 'Non-2xx\|Socket errors'; then echo "warning: $target $payload $mode: $(echo "$out" | grep 'Non-2xx\|Socket errors')" >&2; fi
+  echo "$(echo "$out" | awk '/requests in/{print $1}') $(echo "$out" | awk '/Requests\/sec/{print int($2 + 0.5)}')"
+}
 # Per-thread CPU ticks of a process (or of several): "pid/tid ticks" lines.
 threads() { for p in "$@"; do for t in /proc/"$p"/task/*; do
   echo "$p/${t##*/} $(sed 's/.*) //' "$t/stat" | cut -d' ' -f12,13 | tr ' ' '+' | bc)"; done; done; }
@@ -126,6 +153,7 @@ print(round(max(d) / max(sum(d), 1), 2))
 PY
 }
 
+echo "generator at saturation: $GEN"
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; $(uname -sr); $(date -u +%F)"
 echo
 echo "| payload | mode | p50 direct | p50 sluice | p50 nginx | p99 direct | p99 sluice | p99 nginx | added p50 | added p99 |"
@@ -155,10 +183,9 @@ for payload in $PAYLOADS; do for mode in $MODES; do
   for target in direct sluice nginx; do
     ps=$(pids "$target")
     before=$( [ -n "$ps" ] && cpu $ps || echo 0)
-    out=$(run "$target" "$payload" "$mode" -c "$CONNS")
+    read -r n r < <(saturate "$target" "$payload" "$mode" "$CONNS")
     after=$( [ -n "$ps" ] && cpu $ps || echo 0)
-    n=$(echo "$out" | field "int(d['summary']['requestsPerSec'] * d['summary']['total'])")
-    rps[$target]=$(echo "$out" | field "round(d['summary']['requestsPerSec'])")
+    rps[$target]=$r
     cpr[$target]=$(python3 -c "print(round(($after - $before) / $TICKS * 1000 / max($n, 1), 4))")
   done
   ratio=$(python3 -c "print(round(${rps[sluice]} / ${rps[nginx]}, 2))")
@@ -183,10 +210,8 @@ for design in ${BALANCES:-least shared reuseport threads} nginx; do
   for c in 1 2 8 64; do
     ps=$(pids "$target")
     threads $ps > "$work/t0"; before=$(cpu $ps)
-    out=$(run "$target" "$BAL_PAYLOAD" "$BAL_MODE" -c "$c")
+    read -r n r < <(saturate "$target" "$BAL_PAYLOAD" "$BAL_MODE" "$c")
     after=$(cpu $ps); threads $ps > "$work/t1"
-    n=$(echo "$out" | field "int(d['summary']['requestsPerSec'] * d['summary']['total'])")
-    r=$(echo "$out" | field "round(d['summary']['requestsPerSec'])")
     cp=$(python3 -c "print(round(($after - $before) / $TICKS * 1000 / max($n, 1), 4))")
     echo "| $design | $c | $r | $cp | $(top_share "$work/t0" "$work/t1") |"
   done

@@ -68,37 +68,47 @@ impl Coding {
     }
 }
 
-/// The client's `Accept-Encoding` with only the codings sluice can decode (their weights kept),
-/// for a request whose response sluice may have to read. `None` when nothing is left: the
-/// upstream then answers uncompressed.
-pub fn decodable_accept(headers: &HeaderMap) -> Option<HeaderValue> {
-    let entries: Vec<&str> = headers
+/// Leaves in the client's `Accept-Encoding` only the codings sluice can decode (their weights
+/// kept), for a request whose response sluice may have to read; removes the header when none is
+/// left, and the upstream then answers uncompressed.
+pub fn keep_decodable_accept(headers: &mut HeaderMap) {
+    let decodable = |entry: &str| {
+        let name = entry.split(';').next().unwrap_or_default().trim();
+        Coding::named(name).is_some()
+    };
+    let mut values = headers.get_all(header::ACCEPT_ENCODING).iter();
+    let (first, second) = (values.next(), values.next());
+    let Some(first) = first else { return };
+    // What real clients send (`gzip, deflate, br`, once): every coding decodable, the header
+    // kept exactly as it is, checked without collecting anything.
+    if second.is_none() {
+        let all = first.to_str().is_ok_and(|text| {
+            let mut any = false;
+            text.split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .all(|entry| {
+                    any = true;
+                    decodable(entry)
+                })
+                && any
+        });
+        if all {
+            return;
+        }
+    }
+    let kept: Vec<&str> = headers
         .get_all(header::ACCEPT_ENCODING)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|entry| !entry.is_empty())
+        .filter(|entry| !entry.is_empty() && decodable(entry))
         .collect();
-    let kept: Vec<&str> = entries
-        .iter()
-        .copied()
-        .filter(|entry| {
-            let name = entry.split(';').next().unwrap_or_default().trim();
-            Coding::named(name).is_some()
-        })
-        .collect();
-    match headers.get_all(header::ACCEPT_ENCODING).iter().next() {
-        _ if kept.is_empty() => None,
-        // Every coding decodable, in one header: kept exactly as the client sent it.
-        Some(one)
-            if kept.len() == entries.len()
-                && headers.get_all(header::ACCEPT_ENCODING).iter().count() == 1 =>
-        {
-            Some(one.clone())
-        }
-        _ => HeaderValue::from_str(&kept.join(", ")).ok(),
-    }
+    match HeaderValue::from_str(&kept.join(", ")) {
+        Ok(value) if !kept.is_empty() => headers.insert(header::ACCEPT_ENCODING, value),
+        _ => headers.remove(header::ACCEPT_ENCODING),
+    };
 }
 
 /// Why a body could not be decoded.
@@ -386,21 +396,30 @@ mod tests {
 
     #[test]
     fn accept_encoding_keeps_only_decodable_codings() {
-        let accept = |v: &str| {
+        let accept = |values: &[&str]| {
             let mut h = HeaderMap::new();
-            h.insert(header::ACCEPT_ENCODING, v.parse().unwrap());
-            decodable_accept(&h).map(|v| v.to_str().unwrap().to_string())
+            for v in values {
+                h.append(header::ACCEPT_ENCODING, v.parse().unwrap());
+            }
+            keep_decodable_accept(&mut h);
+            let left: Vec<_> = h.get_all(header::ACCEPT_ENCODING).iter().collect();
+            assert!(left.len() <= 1, "{left:?}");
+            left.first().map(|v| v.to_str().unwrap().to_string())
         };
         assert_eq!(
-            accept("gzip, deflate, br, zstd").as_deref(),
+            accept(&["gzip, deflate, br, zstd"]).as_deref(),
             Some("gzip, deflate, br, zstd")
         );
-        assert_eq!(accept("zstd,gzip").as_deref(), Some("zstd,gzip"));
+        assert_eq!(accept(&["zstd,gzip"]).as_deref(), Some("zstd,gzip"));
+        assert_eq!(accept(&["GZip;q=0.5"]).as_deref(), Some("GZip;q=0.5"));
         assert_eq!(
-            accept("zstd;q=1.0, compress, *;q=0.1").as_deref(),
+            accept(&["zstd;q=1.0, compress, *;q=0.1"]).as_deref(),
             Some("zstd;q=1.0")
         );
-        assert_eq!(accept("compress, *"), None);
-        assert_eq!(decodable_accept(&HeaderMap::new()), None);
+        // Several headers, each decodable: joined into one.
+        assert_eq!(accept(&["gzip", "br"]).as_deref(), Some("gzip, br"));
+        assert_eq!(accept(&["compress, *"]), None);
+        assert_eq!(accept(&[" , "]), None);
+        assert_eq!(accept(&[]), None);
     }
 }

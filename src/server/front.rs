@@ -164,7 +164,7 @@ impl Shared {
                     .load_session(ask.headers, &tenant, &view, route, ask.request_id)
                     .await;
                 if let Some(t) = thresholds.filter(|_| guarded) {
-                    let edits = self.hidden_rounds(dialect, body, &tenant, &state).await;
+                    let edits = Box::pin(self.hidden_rounds(dialect, body, &tenant, &state)).await;
                     let added = added_after_planning(t.tokenizer, dialect, &read_tool, &edits);
                     limits.window_tokens = limits.window_tokens.saturating_sub(added).max(1);
                     hidden = Some(edits);
@@ -192,7 +192,8 @@ impl Shared {
                         read_tool: read_tool.clone(),
                         state,
                     };
-                    let (projection, planned) = self.images_off_thread(job).await?;
+                    // Boxed: this path's state stays out of every request's future.
+                    let (projection, planned) = Box::pin(self.images_off_thread(job)).await?;
                     state = planned;
                     projection
                 }
@@ -213,7 +214,7 @@ impl Shared {
             }
             let hidden = match hidden {
                 Some(edits) => edits,
-                None => self.hidden_rounds(dialect, body, &tenant, &state).await,
+                None => Box::pin(self.hidden_rounds(dialect, body, &tenant, &state)).await,
             };
             hidden_rounds = hidden.len();
             projection.edits.extend(hidden);

@@ -158,8 +158,8 @@ impl App {
         };
         let mut response = match job {
             Some(job) => {
-                self.read_rounds(job, started, ctx, inflight, start, before_send)
-                    .await
+                // Boxed: the rounds' state (5 KB) is not carried by every request's future.
+                Box::pin(self.read_rounds(job, started, ctx, inflight, start, before_send)).await
             }
             None => {
                 let watch = Some(Completion::new(dialect));
@@ -397,9 +397,6 @@ impl super::Shared {
 /// rounds): the upstream may compress it only in a coding sluice decodes.
 fn forward_headers(headers: http::HeaderMap, route: &Route, ctx: &Context) -> http::HeaderMap {
     let mut headers = upstream::request_headers(headers, route, ctx.family);
-    match crate::encoding::decodable_accept(&headers) {
-        Some(accept) => headers.insert(http::header::ACCEPT_ENCODING, accept),
-        None => headers.remove(http::header::ACCEPT_ENCODING),
-    };
+    crate::encoding::keep_decodable_accept(&mut headers);
     headers
 }
