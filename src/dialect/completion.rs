@@ -144,7 +144,17 @@ impl Completion {
         }
     }
 
+    /// What an event says about the stream's end. Most events of a stream (the deltas) say
+    /// nothing, and most of those are told so from their text without parsing it
+    /// ([`says_nothing`]); the others are parsed.
     fn judge(dialect: Dialect, event: Event<'_>) -> Seen {
+        if says_nothing(dialect, &event) {
+            return Seen::Nothing;
+        }
+        Self::judge_parsed(dialect, event)
+    }
+
+    fn judge_parsed(dialect: Dialect, event: Event<'_>) -> Seen {
         let Some(data) = event.data else {
             return Seen::Nothing;
         };
@@ -186,9 +196,57 @@ impl Completion {
     }
 }
 
+/// Whether an event certainly says nothing of the stream's end, told from its text alone: what
+/// [`Completion::judge_parsed`] would find then, it finds without parsing. An event's data can
+/// spell a key or a string with `\u` escapes, so such data is always parsed; without them, a
+/// key or a value sluice looks for appears in the text as itself.
+/// - chat: every `"finish_reason"` in it is followed by `null` (a delta; none finished);
+/// - Responses and Anthropic: neither its data nor its name holds the final event's type,
+///   `error` or `response.failed`.
+fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    // Built once: a searcher's setup costs more than searching a short event.
+    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br"\u"));
+    static FINISH: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""finish_reason""#));
+    let Some(data) = event.data else {
+        return true;
+    };
+    let text = data.as_bytes();
+    if ESCAPE.find(text).is_some() {
+        return false;
+    }
+    match dialect {
+        Dialect::OpenAiChat => {
+            let key = FINISH.needle().len();
+            data != "[DONE]"
+                && FINISH.find_iter(text).all(|at| {
+                    let after = text.get(at + key..).unwrap_or_default();
+                    after
+                        .trim_ascii_start()
+                        .strip_prefix(b":")
+                        .is_some_and(|value| value.trim_ascii_start().starts_with(b"null"))
+                })
+        }
+        Dialect::OpenAiResponses | Dialect::AnthropicMessages => {
+            let final_event = match dialect {
+                Dialect::OpenAiResponses => "response.completed",
+                _ => "message_stop",
+            };
+            [final_event, "error", "response.failed"]
+                .iter()
+                .all(|kind| {
+                    memchr::memmem::find(text, kind.as_bytes()).is_none()
+                        && event.name.is_none_or(|name| !name.contains(kind))
+                })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn run(dialect: Dialect, stream: &str, cut_every: usize) -> bool {
         let mut c = Completion::new(dialect);
@@ -270,5 +328,158 @@ mod tests {
         assert!(!c.is_complete(), "not before the stream ends");
         c.finish();
         assert!(c.is_complete());
+    }
+
+    /// A key or a type, written as itself or with a `\u` escape of its `_` or `.`.
+    fn spelled(word: &'static str, escaped: bool) -> String {
+        if escaped {
+            word.replace('_', "\\u005f").replace('.', "\\u002e")
+        } else {
+            word.to_string()
+        }
+    }
+
+    /// Chat chunks: choices whose `finish_reason` is null or not, spaced or not, the key
+    /// spelled with an escape or not, and content that quotes a finish.
+    fn chat_data() -> impl Strategy<Value = String> {
+        let choice = (
+            prop::sample::select(vec!["", " ", "\n "]),
+            any::<bool>(),
+            prop::sample::select(vec!["null", "\"stop\"", "\"length\"", "nullx", "0"]),
+            any::<bool>(),
+        )
+            .prop_map(|(ws, escaped, value, quote)| {
+                let content = if quote {
+                    r#""delta":{"content":"\"finish_reason\": \"stop\""},"#
+                } else {
+                    ""
+                };
+                format!(
+                    "{{{content}\"{}\"{ws}:{ws}{value}}}",
+                    spelled("finish_reason", escaped)
+                )
+            });
+        prop_oneof![
+            proptest::collection::vec(choice, 0..3)
+                .prop_map(|c| format!("{{\"choices\":[{}]}}", c.join(","))),
+            Just("[DONE]".to_string()),
+        ]
+    }
+
+    /// Responses and Anthropic events: a type among the ones that end a stream and others,
+    /// spelled with an escape or not, and text that mentions them.
+    fn typed_data() -> impl Strategy<Value = String> {
+        let typed = (
+            prop::sample::select(vec![
+                "message_stop",
+                "response.completed",
+                "response.failed",
+                "error",
+                "ping",
+                "content_block_delta",
+            ]),
+            any::<bool>(),
+            prop::sample::select(vec!["", r#","text":"an error"#, r#","x":{"type":"error"}"#]),
+        )
+            .prop_map(|(kind, escaped, rest)| {
+                format!("{{\"type\":\"{}\"{rest}}}", spelled(kind, escaped))
+            });
+        // Without a type (or unreadable), the event's name says what it is.
+        prop_oneof![
+            typed,
+            Just("{}".to_string()),
+            Just("{\"type\":".to_string())
+        ]
+    }
+
+    fn name() -> impl Strategy<Value = Option<String>> {
+        proptest::option::of(
+            prop::sample::select(vec![
+                "message_stop",
+                "ping",
+                "error",
+                "response.completed",
+                "response.failed",
+            ])
+            .prop_map(str::to_string),
+        )
+    }
+
+    proptest! {
+        /// Telling an event says nothing from its text never disagrees with parsing it.
+        #[test]
+        fn an_event_told_from_its_text_is_judged_as_parsed(
+            name in name(),
+            chat in proptest::option::of(chat_data()),
+            typed in proptest::option::of(typed_data()),
+        ) {
+            for (dialect, data) in [
+                (Dialect::OpenAiChat, &chat),
+                (Dialect::OpenAiResponses, &typed),
+                (Dialect::AnthropicMessages, &typed),
+            ] {
+                let event = Event { name: name.as_deref(), data: data.as_deref(), raw: b"" };
+                if says_nothing(dialect, &event) {
+                    prop_assert!(
+                        matches!(Completion::judge_parsed(dialect, event), Seen::Nothing),
+                        "{:?} {:?} {:?}", dialect, name, data
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn deltas_are_told_without_parsing_and_ends_are_parsed() {
+        let event = |name: Option<&'static str>, data: &'static str| Event {
+            name,
+            data: Some(data),
+            raw: b"",
+        };
+        let chat = Dialect::OpenAiChat;
+        assert!(says_nothing(
+            chat,
+            &event(
+                None,
+                r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#
+            )
+        ));
+        assert!(says_nothing(
+            chat,
+            &event(None, r#"{"choices":[{"finish_reason" : null}]}"#)
+        ));
+        assert!(!says_nothing(
+            chat,
+            &event(None, r#"{"choices":[{"finish_reason":"stop"}]}"#)
+        ));
+        assert!(!says_nothing(
+            chat,
+            &event(None, r#"{"choices":[{"finish\u005freason":"stop"}]}"#)
+        ));
+        assert!(!says_nothing(chat, &event(None, "[DONE]")));
+        let anthropic = Dialect::AnthropicMessages;
+        assert!(says_nothing(
+            anthropic,
+            &event(
+                Some("content_block_delta"),
+                r#"{"type":"content_block_delta"}"#
+            )
+        ));
+        assert!(!says_nothing(
+            anthropic,
+            &event(Some("message_stop"), r#"{"type":"message_stop"}"#)
+        ));
+        assert!(!says_nothing(
+            anthropic,
+            &event(None, r#"{"type":"message\u005fstop"}"#)
+        ));
+        assert!(!says_nothing(
+            anthropic,
+            &event(Some("content_block_delta"), r#"{"text":"an error"}"#)
+        ));
+        assert!(!says_nothing(
+            Dialect::OpenAiResponses,
+            &event(None, r#"{"type":"response.failed"}"#)
+        ));
     }
 }

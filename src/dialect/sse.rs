@@ -7,6 +7,9 @@
 /// completed (nothing is committed), and a stitched stream ends as failed.
 pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
+/// The room a framer's buffers start with: a usual delta event fits.
+const EVENT_ROOM: usize = 512;
+
 /// One event of the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event<'a> {
@@ -33,8 +36,12 @@ pub struct Framer {
     raw: Vec<u8>,
     /// Where the unfinished line starts in `raw`.
     line_start: usize,
-    name: Option<String>,
-    data: Option<String>,
+    /// The event's name and data so far; kept between events (cleared, not dropped), so a
+    /// stream of small events allocates nothing per event.
+    name: String,
+    has_name: bool,
+    data: String,
+    has_data: bool,
     failed: bool,
 }
 
@@ -45,8 +52,10 @@ impl Framer {
             max,
             raw: Vec::new(),
             line_start: 0,
-            name: None,
-            data: None,
+            name: String::new(),
+            has_name: false,
+            data: String::new(),
+            has_data: false,
             failed: false,
         }
     }
@@ -59,6 +68,10 @@ impl Framer {
     ) -> Result<(), TooLong> {
         if self.failed {
             return Err(TooLong(self.max));
+        }
+        if self.raw.capacity() == 0 {
+            // Room for a usual event at once, instead of growing to it line by line.
+            self.raw.reserve(EVENT_ROOM);
         }
         while let Some(at) = memchr::memchr(b'\n', bytes) {
             self.raw.extend_from_slice(&bytes[..=at]);
@@ -82,10 +95,7 @@ impl Framer {
             self.raw.truncate(self.line_start);
             self.dispatch(on_event);
         }
-        self.raw.clear();
-        self.line_start = 0;
-        self.name = None;
-        self.data = None;
+        self.clear();
     }
 
     /// Whether the stream passed the framer's bound.
@@ -112,20 +122,31 @@ impl Framer {
             self.dispatch(on_event);
             return;
         }
-        let text = String::from_utf8_lossy(line).into_owned();
-        let (field, value) = match text.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (text.as_ref(), ""),
+        // Split on the bytes (`:` is ASCII, so this is where the text would split); only the
+        // value of a field that is kept is read as text, borrowed unless it is not UTF-8.
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(at) => {
+                let value = line.get(at + 1..).unwrap_or_default();
+                (
+                    line.get(..at).unwrap_or_default(),
+                    value.strip_prefix(b" ").unwrap_or(value),
+                )
+            }
+            None => (line, &b""[..]),
         };
         match field {
-            "event" => self.name = Some(value.trim().to_string()),
-            "data" => match &mut self.data {
-                Some(data) => {
-                    data.push('\n');
-                    data.push_str(value);
+            b"event" => {
+                self.name.clear();
+                self.name.push_str(String::from_utf8_lossy(value).trim());
+                self.has_name = true;
+            }
+            b"data" => {
+                if self.has_data {
+                    self.data.push('\n');
                 }
-                None => self.data = Some(value.to_string()),
-            },
+                self.data.push_str(&String::from_utf8_lossy(value));
+                self.has_data = true;
+            }
             _ => {}
         }
         self.line_start = self.raw.len();
@@ -133,14 +154,21 @@ impl Framer {
 
     fn dispatch(&mut self, on_event: &mut dyn FnMut(Event<'_>)) {
         on_event(Event {
-            name: self.name.as_deref(),
-            data: self.data.as_deref(),
+            name: self.has_name.then_some(self.name.as_str()),
+            data: self.has_data.then_some(self.data.as_str()),
             raw: &self.raw,
         });
+        self.clear();
+    }
+
+    /// Ready for the next event, keeping the buffers' room.
+    fn clear(&mut self) {
         self.raw.clear();
         self.line_start = 0;
-        self.name = None;
-        self.data = None;
+        self.name.clear();
+        self.has_name = false;
+        self.data.clear();
+        self.has_data = false;
     }
 }
 
@@ -179,6 +207,21 @@ mod tests {
         assert_eq!(got[2].1.as_deref(), Some("one\ntwo"));
         let raw: Vec<u8> = got.iter().flat_map(|e| e.2.clone()).collect();
         assert_eq!(raw, stream.to_vec(), "every byte, as it came");
+    }
+
+    #[test]
+    fn fields_are_read_from_bytes_as_text_would_read_them() {
+        // No space after the colon, a colon in the value, bytes that are not UTF-8 (replaced),
+        // a field without a colon, and the buffers reused by the next event.
+        let stream: &[u8] = b"event:a:b\ndata:x: y\ndata\ndata: \xff!\n\ndata: next\n\n";
+        let got = events(&[stream], false);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0.as_deref(), Some("a:b"));
+        assert_eq!(got[0].1.as_deref(), Some("x: y\n\n\u{fffd}!"));
+        assert_eq!(
+            (got[1].0.as_deref(), got[1].1.as_deref()),
+            (None, Some("next"))
+        );
     }
 
     #[test]
