@@ -72,38 +72,27 @@ impl Coding {
 /// kept), for a request whose response sluice may have to read; removes the header when none is
 /// left, and the upstream then answers uncompressed.
 pub fn keep_decodable_accept(headers: &mut HeaderMap) {
+    fn entries(value: &HeaderValue) -> impl Iterator<Item = &str> {
+        let text = value.to_str().ok().unwrap_or_default();
+        text.split(',').map(str::trim).filter(|e| !e.is_empty())
+    }
     let decodable = |entry: &str| {
         let name = entry.split(';').next().unwrap_or_default().trim();
         Coding::named(name).is_some()
     };
-    let mut values = headers.get_all(header::ACCEPT_ENCODING).iter();
-    let (first, second) = (values.next(), values.next());
-    let Some(first) = first else { return };
     // What real clients send (`gzip, deflate, br`, once): every coding decodable, the header
     // kept exactly as it is, checked without collecting anything.
-    if second.is_none() {
-        let all = first.to_str().is_ok_and(|text| {
-            let mut any = false;
-            text.split(',')
-                .map(str::trim)
-                .filter(|e| !e.is_empty())
-                .all(|entry| {
-                    any = true;
-                    decodable(entry)
-                })
-                && any
-        });
-        if all {
+    let mut values = headers.get_all(header::ACCEPT_ENCODING).iter();
+    if let (Some(one), None) = (values.next(), values.next()) {
+        if entries(one).next().is_some() && entries(one).all(decodable) {
             return;
         }
     }
     let kept: Vec<&str> = headers
         .get_all(header::ACCEPT_ENCODING)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty() && decodable(entry))
+        .flat_map(entries)
+        .filter(|entry| decodable(entry))
         .collect();
     match HeaderValue::from_str(&kept.join(", ")) {
         Ok(value) if !kept.is_empty() => headers.insert(header::ACCEPT_ENCODING, value),

@@ -180,13 +180,9 @@ impl Completion {
                     .ok()
                     .and_then(|t| t.kind);
                 let kind = typed.as_deref().or(event.name).unwrap_or("");
-                let final_event = match dialect {
-                    Dialect::OpenAiResponses => "response.completed",
-                    _ => "message_stop",
-                };
-                if kind == final_event {
+                if kind == final_type(dialect) {
                     Seen::Final
-                } else if kind == "error" || kind == "response.failed" {
+                } else if FAILURE_TYPES.contains(&kind) {
                     Seen::Failure
                 } else {
                     Seen::Nothing
@@ -196,19 +192,41 @@ impl Completion {
     }
 }
 
+/// The type of the event that ends a Responses or Anthropic stream.
+fn final_type(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::OpenAiResponses => "response.completed",
+        _ => "message_stop",
+    }
+}
+
+/// The types of the events that end a Responses or Anthropic stream as failed.
+const FAILURE_TYPES: [&str; 2] = ["error", "response.failed"];
+
 /// Whether an event certainly says nothing of the stream's end, told from its text alone: what
 /// [`Completion::judge_parsed`] would find then, it finds without parsing. An event's data can
 /// spell a key or a string with `\u` escapes, so such data is always parsed; without them, a
 /// key or a value sluice looks for appears in the text as itself.
 /// - chat: every `"finish_reason"` in it is followed by `null` (a delta; none finished);
-/// - Responses and Anthropic: neither its data nor its name holds the final event's type,
-///   `error` or `response.failed`.
+/// - Responses and Anthropic: neither its data nor its name holds the final event's type or a
+///   failure's.
 fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
     use memchr::memmem::Finder;
     use std::sync::LazyLock;
     // Built once: a searcher's setup costs more than searching a short event.
     static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br"\u"));
     static FINISH: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""finish_reason""#));
+    // The final type of each dialect, then the failures' (`ends` below picks from these).
+    static ENDS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+        let [error, failed] = FAILURE_TYPES;
+        [
+            final_type(Dialect::OpenAiResponses),
+            final_type(Dialect::AnthropicMessages),
+            error,
+            failed,
+        ]
+        .map(|kind| Finder::new(kind.as_bytes()))
+    });
     let Some(data) = event.data else {
         return true;
     };
@@ -229,16 +247,18 @@ fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
                 })
         }
         Dialect::OpenAiResponses | Dialect::AnthropicMessages => {
-            let final_event = match dialect {
-                Dialect::OpenAiResponses => "response.completed",
-                _ => "message_stop",
+            let [responses, anthropic, error, failed] = &*ENDS;
+            let last = if dialect == Dialect::OpenAiResponses {
+                responses
+            } else {
+                anthropic
             };
-            [final_event, "error", "response.failed"]
-                .iter()
-                .all(|kind| {
-                    memchr::memmem::find(text, kind.as_bytes()).is_none()
-                        && event.name.is_none_or(|name| !name.contains(kind))
-                })
+            [last, error, failed].iter().all(|kind| {
+                kind.find(text).is_none()
+                    && event
+                        .name
+                        .is_none_or(|name| kind.find(name.as_bytes()).is_none())
+            })
         }
     }
 }

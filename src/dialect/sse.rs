@@ -7,7 +7,7 @@
 /// completed (nothing is committed), and a stitched stream ends as failed.
 pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
-/// The room a framer's buffers start with: a usual delta event fits.
+/// The room a framer's event buffer (`raw`) takes at its first bytes: a usual delta fits.
 const EVENT_ROOM: usize = 512;
 
 /// One event of the stream.
