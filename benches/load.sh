@@ -6,8 +6,10 @@
 #      proxy process (sluice, or nginx's workers) and sluice's peak RSS.
 # For a small chat request and a ~200 KB agent request with 30 tool turns, streamed and not.
 # The mock is nginx returning a fixed answer (JSON, or SSE when the x-mock-stream header is set).
-#  (c) PARTS=balance: connection patterns (1/2/8/64) per balancing design, with per-thread
-#      CPU shares (BALANCES, BAL_PAYLOAD, BAL_MODE choose what runs).
+#  (c) PARTS=balance: connection patterns (1/2/8/64, and "1+8": one saturating connection beside
+#      eight light ones at 200 req/s in all) per balancing design, with per-thread CPU shares
+#      (BALANCES, BAL_PAYLOAD, BAL_MODE choose what runs). Design `keep` is `least` with
+#      connections kept for good (max_requests_per_connection = 0).
 # GEN picks the generator of (b) and (c): wrk (default; the issue's own figures came from it, and
 # it takes about a third of oha's CPU per request, which on two cores is CPU the proxy competes
 # for) or oha. (a) always uses oha, which holds a fixed arrival rate.
@@ -100,7 +102,10 @@ TOML
 # (Re)starts sluice with the given connection balancing (SLUICE_BALANCE, docs/runtime.md).
 start_sluice() {
   if [ -n "${SLUICE_PID:-}" ]; then kill "$SLUICE_PID"; wait "$SLUICE_PID" 2>/dev/null || true; fi
-  SLUICE_BALANCE=$1 SLUICE_LOG=warn "${SLUICE_BIN:-./target/release/sluice}" serve --config "$work/sluice.toml" &
+  local balance=$1 keep=1000
+  [ "$balance" = keep ] && balance=least keep=0
+  SLUICE_BALANCE=$balance SLUICE_MAX_REQUESTS_PER_CONNECTION=$keep SLUICE_LOG=warn \
+    "${SLUICE_BIN:-./target/release/sluice}" serve --config "$work/sluice.toml" &
   SLUICE_PID=$!
   for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
 }
@@ -194,9 +199,10 @@ for payload in $PAYLOADS; do for mode in $MODES; do
 done; done
 fi
 
-# (c) Balance: one payload at 1, 2, 8 and 64 keep-alive connections through each way of
-# spreading connections over the workers, and nginx; req/s, CPU per request and the largest
-# share of the proxy's CPU taken by one thread.
+# (c) Balance: one payload at 1, 2, 8 and 64 keep-alive connections, and one beside eight light
+# ones, through each way of spreading connections over the workers, and nginx; req/s, CPU per
+# request (at 1+8, the light requests' CPU counted with the heavy ones) and the largest share of
+# the proxy's CPU taken by one thread.
 if [[ " $PARTS " == *" balance "* ]]; then
 BAL_PAYLOAD=${BAL_PAYLOAD:-agent} BAL_MODE=${BAL_MODE:-json}
 echo
@@ -204,13 +210,22 @@ echo "balance, $BAL_PAYLOAD $BAL_MODE:"
 echo
 echo "| design | connections | req/s | CPU ms/req | top thread share |"
 echo "|---|---|---|---|---|"
-for design in ${BALANCES:-least shared reuseport threads} nginx; do
+for design in ${BALANCES:-least keep shared reuseport threads} nginx; do
   [ "$design" = nginx ] || start_sluice "$design"
   target=sluice; [ "$design" = nginx ] && target=nginx
-  for c in 1 2 8 64; do
+  for c in 1 2 8 64 1+8; do
     ps=$(pids "$target")
     threads $ps > "$work/t0"; before=$(cpu $ps)
-    read -r n r < <(saturate "$target" "$BAL_PAYLOAD" "$BAL_MODE" "$c")
+    if [ "$c" = 1+8 ]; then
+      # The light ones open first, so they are spread before the heavy one arrives.
+      oha --no-tui -z "$((SECONDS_EACH + 1))s" -c 8 -q 200 -m POST -T application/json \
+        -D "$work/small.json" "$(url "$target")/v1/chat/completions" >/dev/null &
+      light=$!; sleep 0.5
+      read -r n r < <(saturate "$target" "$BAL_PAYLOAD" "$BAL_MODE" 1)
+      wait "$light"
+    else
+      read -r n r < <(saturate "$target" "$BAL_PAYLOAD" "$BAL_MODE" "$c")
+    fi
     after=$(cpu $ps); threads $ps > "$work/t1"
     cp=$(python3 -c "print(round(($after - $before) / $TICKS * 1000 / max($n, 1), 4))")
     echo "| $design | $c | $r | $cp | $(top_share "$work/t0" "$work/t1") |"

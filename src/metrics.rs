@@ -55,6 +55,8 @@ pub struct Metrics {
     pub inflight_requests: IntGauge,
     /// Client connections open on the proxy listener (at most `max_connections`).
     pub connections_open: IntGauge,
+    /// Client connections closed by sluice after `max_requests_per_connection` requests.
+    pub connections_recycled_total: IntCounter,
     /// Relayed `text/event-stream` bodies by how they ended, recorded at the end.
     pub streams_total: IntCounterVec,
     /// sluice's own error responses by kind.
@@ -282,6 +284,11 @@ impl Metrics {
             "Client connections open on the proxy listener.",
         )?;
         registry.register(Box::new(connections_open.clone()))?;
+        let connections_recycled_total = IntCounter::new(
+            "sluice_connections_recycled_total",
+            "Client connections whose last answer said connection: close, after max_requests_per_connection requests.",
+        )?;
+        registry.register(Box::new(connections_recycled_total.clone()))?;
         registry.register(Box::new(streams_total.clone()))?;
         registry.register(Box::new(errors_total.clone()))?;
         let context_retired_total = IntCounterVec::new(
@@ -374,6 +381,7 @@ impl Metrics {
             overhead_seconds,
             inflight_requests,
             connections_open,
+            connections_recycled_total,
             streams_total,
             errors_total,
             spills_total,

@@ -232,3 +232,90 @@ async fn a_body_slower_than_a_kib_per_second_is_cut_after_its_grace() {
     let (text, _) = read_to_close(&mut stream, Duration::from_secs(30)).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text:.300}");
 }
+
+/// One request on an HTTP/1.1 connection kept open (`sender`): its status, whether its answer
+/// said `connection: close`, and its whole body.
+async fn on_connection(
+    sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    body: &Value,
+) -> (u16, bool, String) {
+    use http_body_util::BodyExt;
+    sender.ready().await.unwrap();
+    let request = http::Request::post("/v1/chat/completions")
+        .header("host", "sluice")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let close = response
+        .headers()
+        .get("connection")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, close, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// docs/runtime.md, "Connections recycled": an HTTP/1 connection serves
+/// `max_requests_per_connection` requests; the last is answered in full (streamed or not) with
+/// `connection: close`, and sluice then ends the connection, so the client's next request goes
+/// on a new one, which is served as usual.
+#[tokio::test]
+async fn a_connection_ends_after_max_requests_per_connection_with_every_answer_whole() {
+    let mock = MockUpstream::start();
+    let config = config_for(
+        &mock.base_url(),
+        "max_requests_per_connection = 3\nworker_threads = 2",
+    );
+    let sluice = Sluice::start(&config);
+    let plain = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    let streamed =
+        json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    for round in 0..2 {
+        let stream = TcpStream::connect(sluice.proxy).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        #[allow(clippy::disallowed_methods)] // awaited below
+        let conn = tokio::spawn(conn);
+        for n in 1..=3 {
+            // The last answer of the second connection is a stream: it too arrives whole.
+            let body = if round == 1 && n == 3 {
+                &streamed
+            } else {
+                &plain
+            };
+            let (status, close, text) = on_connection(&mut sender, body).await;
+            assert_eq!(status, 200, "round {round}, request {n}: {text}");
+            assert_eq!(
+                close,
+                n == 3,
+                "round {round}, request {n}: connection: close"
+            );
+            if body == &streamed {
+                assert!(text.contains("data: [DONE]"), "{text}");
+            } else {
+                let answer: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(answer["object"], "chat.completion", "{text}");
+            }
+        }
+        // sluice ends the connection after the third answer; nothing more is sent on it.
+        let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        assert!(ended.is_ok(), "round {round}: the connection was not ended");
+        assert!(sender.ready().await.is_err(), "round {round}");
+    }
+    assert_eq!(mock.requests().len(), 6);
+    let m = sluice.metrics().await;
+    assert_eq!(metric(&m, "sluice_connections_recycled_total"), 2.0, "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_requests_total{dialect=\"openai-chat\",route=\"openai\",status=\"200\"}"
+        ),
+        6.0,
+        "{m}"
+    );
+}

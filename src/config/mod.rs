@@ -77,6 +77,9 @@ pub const DEFAULT_CONTEXT_TRIGGER: f64 = 0.9;
 /// Retire down to 60 %: a batch then buys many turns before the next one, so the prompt cache
 /// is invalidated rarely (Anthropic advises clearing in large batches for this reason).
 pub const DEFAULT_CONTEXT_TARGET: f64 = 0.6;
+/// nginx's `keepalive_requests` default: an agent's connection lasts hours at its pace, a
+/// saturating client's a fraction of a second (docs/runtime.md, "Connections recycled").
+pub const DEFAULT_MAX_REQUESTS_PER_CONNECTION: u32 = 1000;
 /// The model is usually working on the results of its last two turns.
 pub const DEFAULT_KEEP_RECENT_TURNS: usize = 2;
 /// What a request without `max_tokens` is assumed to ask for: the common default output
@@ -98,6 +101,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "request_body_timeout_seconds",
     "max_connections",
     "max_inflight_body_bytes",
+    "max_requests_per_connection",
     "upstream",
     "store",
     "session",
@@ -117,6 +121,10 @@ pub struct Config {
     /// Connections served at once; 0 derives it from the file-descriptor limit.
     pub max_connections: usize,
     pub max_inflight_body_bytes: u64,
+    /// Requests one client connection serves before its last answer says `connection: close`
+    /// and the client opens another, which goes to the least-loaded worker (or, behind a
+    /// Service, to any replica); 0 keeps a connection for as long as the client does.
+    pub max_requests_per_connection: u32,
     pub upstream: UpstreamConfig,
     pub store: StoreConfig,
     pub session: SessionConfig,
@@ -190,6 +198,7 @@ impl Default for Config {
             request_body_timeout_seconds: DEFAULT_REQUEST_BODY_TIMEOUT_SECONDS,
             max_connections: 0,
             max_inflight_body_bytes: DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+            max_requests_per_connection: DEFAULT_MAX_REQUESTS_PER_CONNECTION,
             upstream: UpstreamConfig::default(),
             store: StoreConfig::default(),
             session: SessionConfig::default(),

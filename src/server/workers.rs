@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -335,13 +335,58 @@ pub(super) fn serve_proxy(
         _permit: permit,
         open,
         load,
+        recycle: Recycle::after(app.config.max_requests_per_connection),
     };
     // The handler lives as long as the connection, and the slot with it.
     serve(tasks, graceful, stream, move |req| {
-        let _slot = &slot;
+        let recycled = slot
+            .recycle
+            .is_last(req.version())
+            .then(|| app.metrics.connections_recycled_total.clone());
         let app = app.clone();
-        async move { app.handle(req).await }
+        async move {
+            let mut response = app.handle(req).await;
+            let Some(recycled) = recycled else {
+                return response;
+            };
+            if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+                // hyper closes the connection once this response is written; the client's
+                // next request opens another (docs/runtime.md, "Connections recycled").
+                response.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                recycled.inc();
+            }
+            response
+        }
     });
+}
+
+/// When a client connection is given up: after its `max`th request (0: never). Only HTTP/1
+/// connections are: their last answer says `connection: close`, which every HTTP/1.1 client
+/// honours before sending again. An h2 connection would need a GOAWAY, and h2 reaches sluice
+/// only by prior knowledge, which no agent SDK uses.
+struct Recycle {
+    max: u32,
+    served: AtomicU32,
+}
+
+impl Recycle {
+    fn after(max: u32) -> Recycle {
+        Recycle {
+            max,
+            served: AtomicU32::new(0),
+        }
+    }
+
+    /// Counts a request; true for the one whose answer closes its connection.
+    fn is_last(&self, version: http::Version) -> bool {
+        if self.max == 0 || version > http::Version::HTTP_11 {
+            return false;
+        }
+        self.served.fetch_add(1, Ordering::Relaxed).wrapping_add(1) == self.max
+    }
 }
 
 /// A connection's place under `max_connections`, given back when the connection ends.
@@ -351,6 +396,7 @@ pub(super) struct ConnectionSlot {
     open: prometheus::IntGauge,
     /// The serving worker's connection count, which the acceptor balances by.
     load: Arc<AtomicUsize>,
+    recycle: Recycle,
 }
 
 impl Drop for ConnectionSlot {
@@ -424,7 +470,21 @@ pub(super) fn serve<H, F>(
 
 #[cfg(test)]
 mod tests {
-    use super::least_loaded;
+    use super::{least_loaded, Recycle};
+
+    #[test]
+    fn an_http1_connection_is_given_up_at_its_maxth_request_only() {
+        let recycle = Recycle::after(3);
+        let picks: Vec<_> = (0..5)
+            .map(|_| recycle.is_last(http::Version::HTTP_11))
+            .collect();
+        assert_eq!(picks, vec![false, false, true, false, false]);
+        let h2 = Recycle::after(1);
+        assert!(!h2.is_last(http::Version::HTTP_2));
+        assert!(Recycle::after(1).is_last(http::Version::HTTP_10));
+        let never = Recycle::after(0);
+        assert!((0..2000).all(|_| !never.is_last(http::Version::HTTP_11)));
+    }
 
     #[test]
     fn connections_go_to_the_least_loaded_worker_and_round_on_ties() {
