@@ -45,7 +45,10 @@ impl Tenant {
     /// The tenant of requests without a credential and without a named tenant: they share it,
     /// so sluice's own endpoints refuse them (401) and only in-band reads reach their artifacts.
     pub fn anonymous() -> Tenant {
-        Tenant::from_credential(b"")
+        // Hashed once: every request without a credential is of this tenant.
+        static ANONYMOUS: std::sync::LazyLock<Tenant> =
+            std::sync::LazyLock::new(|| Tenant::from_credential(b""));
+        ANONYMOUS.clone()
     }
 
     pub fn from_credential(credential: &[u8]) -> Tenant {

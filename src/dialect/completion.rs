@@ -13,11 +13,28 @@ use super::Dialect;
 pub struct Completion {
     dialect: Dialect,
     framer: Framer,
+    ends: Ends,
+    /// What the stream's events say the request used, when asked to read it.
+    usage: Option<super::usage::Usage>,
+}
+
+/// What the events so far say of the stream's end.
+#[derive(Debug, Default)]
+struct Ends {
     saw_finish: bool,
     done: bool,
     failed: bool,
-    /// What the stream's events say the request used, when asked to read it.
-    usage: Option<super::usage::Usage>,
+}
+
+impl Ends {
+    fn note(&mut self, dialect: Dialect, seen: Seen) {
+        match seen {
+            Seen::Nothing => {}
+            Seen::Finish => self.saw_finish = true,
+            Seen::Final => self.done = dialect != Dialect::OpenAiChat || self.saw_finish,
+            Seen::Failure => self.failed = true,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -52,9 +69,7 @@ impl Completion {
         Self {
             dialect,
             framer: Framer::new(MAX_EVENT_BYTES),
-            saw_finish: false,
-            done: false,
-            failed: false,
+            ends: Ends::default(),
             usage: None,
         }
     }
@@ -72,62 +87,53 @@ impl Completion {
 
     /// Feeds the next bytes of the event stream.
     pub fn feed(&mut self, bytes: &[u8]) {
-        if self.failed {
+        let Completion {
+            dialect,
+            framer,
+            ends,
+            usage,
+        } = self;
+        if ends.failed {
             return;
         }
-        let dialect = self.dialect;
-        let mut seen = Vec::new();
-        let usage = &mut self.usage;
-        let fed = self.framer.feed(bytes, &mut |event| {
-            Self::read_usage(dialect, &event, usage);
-            seen.push(Self::judge(dialect, event));
+        let fed = framer.feed(bytes, &mut |event| {
+            Self::read_usage(*dialect, &event, usage);
+            ends.note(*dialect, Self::judge(*dialect, event));
         });
-        for s in seen {
-            self.note(s);
-        }
         if fed.is_err() {
-            self.failed = true;
+            ends.failed = true;
         }
     }
 
     /// The upstream stream ended: a last event whose closing blank line never came still
     /// counts.
     pub fn finish(&mut self) {
-        let dialect = self.dialect;
-        let mut seen = Vec::new();
-        let usage = &mut self.usage;
-        self.framer.finish(&mut |event| {
-            Self::read_usage(dialect, &event, usage);
-            seen.push(Self::judge(dialect, event));
+        let Completion {
+            dialect,
+            framer,
+            ends,
+            usage,
+        } = self;
+        framer.finish(&mut |event| {
+            Self::read_usage(*dialect, &event, usage);
+            ends.note(*dialect, Self::judge(*dialect, event));
         });
-        for s in seen {
-            self.note(s);
-        }
     }
 
     /// Stops the watch: the response will not count as complete (its bytes could not be read).
     pub fn fail(&mut self) {
-        self.failed = true;
+        self.ends.failed = true;
     }
 
     /// Whether the final event has arrived (and nothing went wrong).
     pub fn is_complete(&self) -> bool {
-        self.done && !self.failed
+        self.ends.done && !self.ends.failed
     }
 
     /// Whether the watch could read the stream so far (no over-long event, no undecodable
     /// bytes): only then does a missing final event mean the stream was cut.
     pub fn can_tell(&self) -> bool {
-        !self.failed
-    }
-
-    fn note(&mut self, seen: Seen) {
-        match seen {
-            Seen::Nothing => {}
-            Seen::Finish => self.saw_finish = true,
-            Seen::Final => self.done = self.dialect != Dialect::OpenAiChat || self.saw_finish,
-            Seen::Failure => self.failed = true,
-        }
+        !self.ends.failed
     }
 
     /// Adds the usage an event carries, when usage is read and the event can carry it: the

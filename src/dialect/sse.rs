@@ -36,13 +36,29 @@ pub struct Framer {
     raw: Vec<u8>,
     /// Where the unfinished line starts in `raw`.
     line_start: usize,
-    /// The event's name and data so far; kept between events (cleared, not dropped), so a
-    /// stream of small events allocates nothing per event.
+    /// The event's name so far; kept between events (cleared, not dropped), so a stream of
+    /// small events allocates nothing per event.
     name: String,
     has_name: bool,
-    data: String,
-    has_data: bool,
+    /// Where the event's data is (see [`Data`]); `joined` holds it once it is not one line.
+    data: Data,
+    joined: String,
     failed: bool,
+}
+
+/// Where an event's data is. Nearly every event has one `data:` line, whose value is read where
+/// it lies in the event's bytes, not copied; a second line has the data joined into a string of
+/// its own, as has a value that is not UTF-8 (with replacement characters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Data {
+    None,
+    /// One line's value: `raw[start..end]`.
+    Line {
+        start: usize,
+        end: usize,
+    },
+    /// In `joined`.
+    Joined,
 }
 
 impl Framer {
@@ -54,8 +70,8 @@ impl Framer {
             line_start: 0,
             name: String::new(),
             has_name: false,
-            data: String::new(),
-            has_data: false,
+            data: Data::None,
+            joined: String::new(),
             failed: false,
         }
     }
@@ -124,38 +140,69 @@ impl Framer {
         }
         // Split on the bytes (`:` is ASCII, so this is where the text would split); only the
         // value of a field that is kept is read as text, borrowed unless it is not UTF-8.
-        let (field, value) = match memchr::memchr(b':', line) {
+        let (field, value_at) = match memchr::memchr(b':', line) {
             Some(at) => {
-                let value = line.get(at + 1..).unwrap_or_default();
-                (
-                    line.get(..at).unwrap_or_default(),
-                    value.strip_prefix(b" ").unwrap_or(value),
-                )
+                let skip = usize::from(line.get(at + 1) == Some(&b' '));
+                (line.get(..at).unwrap_or_default(), at + 1 + skip)
             }
-            None => (line, &b""[..]),
+            None => (line, line.len()),
         };
+        let (start, end) = (self.line_start + value_at, self.line_start + line.len());
+        let value = self.raw.get(start..end).unwrap_or_default();
         match field {
             b"event" => {
                 self.name.clear();
-                self.name.push_str(String::from_utf8_lossy(value).trim());
+                push_text(&mut self.name, value);
+                let trimmed = self.name.trim();
+                if trimmed.len() != self.name.len() {
+                    self.name = trimmed.to_string();
+                }
                 self.has_name = true;
             }
-            b"data" => {
-                if self.has_data {
-                    self.data.push('\n');
+            b"data" => match self.data {
+                Data::None => self.data = Data::Line { start, end },
+                Data::Line {
+                    start: first,
+                    end: first_end,
+                } => {
+                    self.joined.clear();
+                    push_text(
+                        &mut self.joined,
+                        self.raw.get(first..first_end).unwrap_or_default(),
+                    );
+                    self.joined.push('\n');
+                    push_text(&mut self.joined, value);
+                    self.data = Data::Joined;
                 }
-                self.data.push_str(&String::from_utf8_lossy(value));
-                self.has_data = true;
-            }
+                Data::Joined => {
+                    self.joined.push('\n');
+                    push_text(&mut self.joined, value);
+                }
+            },
             _ => {}
         }
         self.line_start = self.raw.len();
     }
 
     fn dispatch(&mut self, on_event: &mut dyn FnMut(Event<'_>)) {
+        let data = match self.data {
+            Data::None => None,
+            Data::Line { start, end } => {
+                let line = self.raw.get(start..end).unwrap_or_default();
+                match std::str::from_utf8(line) {
+                    Ok(text) => Some(text),
+                    Err(_) => {
+                        self.joined.clear();
+                        self.joined.push_str(&String::from_utf8_lossy(line));
+                        Some(self.joined.as_str())
+                    }
+                }
+            }
+            Data::Joined => Some(self.joined.as_str()),
+        };
         on_event(Event {
             name: self.has_name.then_some(self.name.as_str()),
-            data: self.has_data.then_some(self.data.as_str()),
+            data,
             raw: &self.raw,
         });
         self.clear();
@@ -167,8 +214,16 @@ impl Framer {
         self.line_start = 0;
         self.name.clear();
         self.has_name = false;
-        self.data.clear();
-        self.has_data = false;
+        self.data = Data::None;
+    }
+}
+
+/// Appends `bytes` as text: as they are when they are UTF-8 (the usual case, checked on the
+/// fast path), with replacement characters where they are not.
+fn push_text(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => out.push_str(text),
+        Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
     }
 }
 
@@ -244,7 +299,86 @@ mod tests {
         assert_eq!(n, 0);
     }
 
+    /// The SSE rules read as plainly as they can be: lines, fields, events; what the framer
+    /// must give for a whole stream.
+    #[allow(clippy::type_complexity)]
+    fn reference(stream: &[u8], finish: bool) -> Vec<(Option<String>, Option<String>, Vec<u8>)> {
+        let mut out = Vec::new();
+        let (mut name, mut data): (Option<String>, Option<Vec<String>>) = (None, None);
+        let (mut raw, mut rest) = (Vec::new(), stream);
+        while let Some(at) = rest.iter().position(|&b| b == b'\n') {
+            let (whole, tail) = rest.split_at(at + 1);
+            rest = tail;
+            raw.extend_from_slice(whole);
+            let line = &whole[..at];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.is_empty() {
+                let joined = data.take().map(|lines| lines.join("\n"));
+                out.push((name.take(), joined, std::mem::take(&mut raw)));
+                continue;
+            }
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            let (field, value) = match line.iter().position(|&b| b == b':') {
+                Some(c) => {
+                    let value = &line[c + 1..];
+                    (&line[..c], value.strip_prefix(b" ").unwrap_or(value))
+                }
+                None => (line, &b""[..]),
+            };
+            match field {
+                b"event" => name = Some(text(value).trim().to_string()),
+                b"data" => data.get_or_insert_with(Vec::new).push(text(value)),
+                _ => {}
+            }
+        }
+        if finish && !raw.is_empty() {
+            let joined = data.take().map(|lines| lines.join("\n"));
+            out.push((name.take(), joined, raw));
+        }
+        out
+    }
+
     proptest! {
+        /// Any stream of lines (fields kept and not, values with and without a space, bytes that
+        /// are not UTF-8, `\r\n` and `\n`, blank lines), cut anywhere, ended or not: the framer
+        /// gives what the plain reading does.
+        #[test]
+        fn the_framer_reads_what_the_rules_say(
+            lines in proptest::collection::vec(
+                (0usize..6, 0usize..3, proptest::collection::vec(0usize..6, 0..3), any::<bool>()),
+                0..12,
+            ),
+            cut in proptest::collection::vec(0usize..200, 0..5),
+            finish in any::<bool>(),
+        ) {
+            // A line: a field (or none: a blank line), a separator, a value, an ending.
+            const FIELDS: [&[u8]; 6] = [b"data", b"data", b"event", b"id", b"", b""];
+            const SEPARATORS: [&[u8]; 3] = [b"", b":", b": "];
+            const VALUES: [&[u8]; 6] = [b"x", b"{\"a\":1}", b"\xff", "\u{e9}".as_bytes(), b"\xc3", b"  y "];
+            let mut stream = Vec::new();
+            for (field, separator, value, crlf) in &lines {
+                let field = FIELDS[*field];
+                if !field.is_empty() {
+                    stream.extend_from_slice(field);
+                    stream.extend_from_slice(SEPARATORS[*separator]);
+                    for &v in value {
+                        stream.extend_from_slice(VALUES[v]);
+                    }
+                }
+                stream.extend_from_slice(if *crlf { b"\r\n" } else { b"\n" });
+            }
+            let mut points: Vec<usize> = cut.into_iter().map(|c| c.min(stream.len())).collect();
+            points.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut at = 0;
+            for p in points {
+                chunks.push(&stream[at..p]);
+                at = p;
+            }
+            chunks.push(&stream[at..]);
+            prop_assert_eq!(events(&chunks, finish), reference(&stream, finish));
+        }
+
         /// However the bytes are cut, the same events come out, and their bytes are the
         /// stream's.
         #[test]
