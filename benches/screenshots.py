@@ -3,14 +3,19 @@
 Claude-Code-shaped Anthropic session where each turn's tool result carries one new 1280x800
 JPEG and the history keeps the earlier ones (remembered, so shown as placeholders). After each
 turn it reads `sluice_overhead_seconds_sum` from /metrics: the difference is that turn's own
-overhead. Prints each turn's figure and the median. Needs Pillow; traffic stays on 127.0.0.1.
+overhead. Prints each turn's figure and the median. Installs Pillow if it is missing; traffic
+stays on 127.0.0.1.
 
 Usage: benches/screenshots.py [TURNS=30]   (SLUICE_BIN to pick the binary; build it first with
 cargo build --release)
 """
 import sys
 import asyncio, base64, io, json, os, subprocess, tempfile, time, urllib.request
-from PIL import Image
+try:
+    from PIL import Image
+except ImportError:  # a new machine: PyPI is reachable for installs
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "Pillow"], check=True)
+    from PIL import Image
 TURNS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
 MOCK, PROXY, ADMIN = 18501, 18502, 18503
 ANSWER = json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",

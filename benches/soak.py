@@ -80,6 +80,10 @@ async def client(n: int, deadline: float, counts: dict) -> None:
                     break
                 seen += await reader.readexactly(size + 2)
             counts["ok" if b"[DONE]" in seen else "failed"] += 1
+            if b"\r\nconnection: close\r\n" in head.lower():
+                # max_requests_per_connection: the next request goes on a new connection.
+                writer.close()
+                reader = writer = None
         except (OSError, asyncio.IncompleteReadError, ValueError, ConnectionError):
             counts["failed"] += 1
             if writer is not None:
