@@ -87,34 +87,32 @@ impl Completion {
 
     /// Feeds the next bytes of the event stream.
     pub fn feed(&mut self, bytes: &[u8]) {
-        let Completion {
-            dialect,
-            framer,
-            ends,
-            usage,
-        } = self;
-        if ends.failed {
+        if self.ends.failed {
             return;
         }
-        let fed = framer.feed(bytes, &mut |event| {
-            Self::read_usage(*dialect, &event, usage);
-            ends.note(*dialect, Self::judge(*dialect, event));
-        });
+        let mut fed = Ok(());
+        self.with_events(|framer, on_event| fed = framer.feed(bytes, on_event));
         if fed.is_err() {
-            ends.failed = true;
+            self.ends.failed = true;
         }
     }
 
     /// The upstream stream ended: a last event whose closing blank line never came still
     /// counts.
     pub fn finish(&mut self) {
+        self.with_events(|framer, on_event| framer.finish(on_event));
+    }
+
+    /// Runs the framer with what reads each event it gives: its usage, and what it says of the
+    /// stream's end, noted as it comes.
+    fn with_events(&mut self, run: impl FnOnce(&mut Framer, &mut dyn FnMut(Event<'_>))) {
         let Completion {
             dialect,
             framer,
             ends,
             usage,
         } = self;
-        framer.finish(&mut |event| {
+        run(framer, &mut |event| {
             Self::read_usage(*dialect, &event, usage);
             ends.note(*dialect, Self::judge(*dialect, event));
         });

@@ -299,6 +299,20 @@ mod tests {
         assert_eq!(n, 0);
     }
 
+    /// `stream` cut at the given offsets (clamped to it, in any order).
+    fn cut_at(stream: &[u8], cut: Vec<usize>) -> Vec<&[u8]> {
+        let mut points: Vec<usize> = cut.into_iter().map(|c| c.min(stream.len())).collect();
+        points.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        for p in points {
+            chunks.push(&stream[at..p]);
+            at = p;
+        }
+        chunks.push(&stream[at..]);
+        chunks
+    }
+
     /// The SSE rules read as plainly as they can be: lines, fields, events; what the framer
     /// must give for a whole stream.
     #[allow(clippy::type_complexity)]
@@ -367,15 +381,7 @@ mod tests {
                 }
                 stream.extend_from_slice(if *crlf { b"\r\n" } else { b"\n" });
             }
-            let mut points: Vec<usize> = cut.into_iter().map(|c| c.min(stream.len())).collect();
-            points.sort_unstable();
-            let mut chunks = Vec::new();
-            let mut at = 0;
-            for p in points {
-                chunks.push(&stream[at..p]);
-                at = p;
-            }
-            chunks.push(&stream[at..]);
+            let chunks = cut_at(&stream, cut);
             prop_assert_eq!(events(&chunks, finish), reference(&stream, finish));
         }
 
@@ -385,15 +391,7 @@ mod tests {
         fn any_split_gives_the_same_events(cut in proptest::collection::vec(0usize..60, 0..6)) {
             let stream: &[u8] = b"event: x\r\ndata: a\r\n\r\ndata: b\ndata: c\n\n: keep\n\n\ndata: d\n\n";
             let whole = events(&[stream], true);
-            let mut points: Vec<usize> = cut.into_iter().map(|c| c.min(stream.len())).collect();
-            points.sort_unstable();
-            let mut chunks = Vec::new();
-            let mut at = 0;
-            for p in points {
-                chunks.push(&stream[at..p]);
-                at = p;
-            }
-            chunks.push(&stream[at..]);
+            let chunks = cut_at(stream, cut);
             prop_assert_eq!(&events(&chunks, true), &whole);
             let raw: Vec<u8> = whole.iter().flat_map(|e| e.2.clone()).collect();
             prop_assert_eq!(raw, stream.to_vec());
