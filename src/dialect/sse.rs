@@ -153,10 +153,10 @@ impl Framer {
             b"event" => {
                 self.name.clear();
                 push_text(&mut self.name, value);
-                let trimmed = self.name.trim();
-                if trimmed.len() != self.name.len() {
-                    self.name = trimmed.to_string();
-                }
+                // Trimmed in place, so the name keeps its buffer for the next event.
+                self.name.truncate(self.name.trim_end().len());
+                self.name
+                    .drain(..self.name.len() - self.name.trim_start().len());
                 self.has_name = true;
             }
             b"data" => match self.data {
