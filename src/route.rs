@@ -15,6 +15,11 @@ pub struct Route {
     origin: (http::uri::Scheme, http::uri::Authority),
     /// The base URL's path without its trailing `/` (empty for none): the request path's prefix.
     prefix: String,
+    /// The `Host` header of every request to a plain `http` upstream (its host, and its port
+    /// when that is not 80), made once here; hyper-util's client formats it per request
+    /// otherwise. `None` for `https`, whose connection may be h2, where the authority goes as
+    /// `:authority` and the client sets `Host` only when it speaks HTTP/1.1.
+    pub host: Option<HeaderValue>,
     /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
     pub api_key: Option<HeaderValue>,
     /// The tenant of requests without a credential (`tenant`), if the route names one.
@@ -49,6 +54,16 @@ impl Route {
             .authority(authority)
             .path_and_query(path_and_query)
             .build()
+    }
+}
+
+/// `Host` for an `http` upstream's authority: what hyper-util would send, its host and, unless
+/// it is 80, its port (never a user name or password the URL carried).
+fn host_header(authority: &http::uri::Authority) -> Option<HeaderValue> {
+    let host = authority.host();
+    match authority.port_u16() {
+        Some(port) if port != 80 => HeaderValue::from_str(&format!("{host}:{port}")).ok(),
+        _ => HeaderValue::from_str(host).ok(),
     }
 }
 
@@ -110,9 +125,13 @@ impl RouteTable {
                 _ => return Err(bad("an upstream URL needs a scheme and a host".into())),
             };
             let prefix = parsed.path().trim_end_matches('/').to_string();
+            let host = (origin.0 == http::uri::Scheme::HTTP)
+                .then(|| host_header(&origin.1))
+                .flatten();
             routes.push(Route {
                 origin,
                 prefix,
+                host,
                 config: config.clone(),
                 models,
                 api_key,

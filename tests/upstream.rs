@@ -246,3 +246,222 @@ async fn a_proxy_the_environment_names_carries_the_requests_it_covers() {
         1.0
     );
 }
+
+/// An HTTP/1.1 provider on raw sockets (plain, or TLS offering only `http/1.1`) that counts the
+/// connections it accepted and keeps each request's head as it came. With `hang_up` it closes
+/// every connection right after its answer, without saying so: the race a kept connection
+/// loses when the provider's keep-alive timer fires.
+struct Counting {
+    addr: SocketAddr,
+    tls: Option<Tls>,
+    connections: Arc<AtomicUsize>,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl Counting {
+    #[allow(clippy::disallowed_methods)] // its tasks end with the test's runtime
+    async fn start(tls: bool, hang_up: bool) -> Counting {
+        let (tls, acceptor) = if tls {
+            let (tls, config) = Tls::new(&[b"http/1.1"]);
+            (Some(tls), Some(tokio_rustls::TlsAcceptor::from(config)))
+        } else {
+            (None, None)
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let (c, h) = (connections.clone(), heads.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                let (acceptor, heads) = (acceptor.clone(), h.clone());
+                tokio::spawn(async move {
+                    match acceptor {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(tcp).await {
+                                answer_all(stream, heads, hang_up).await;
+                            }
+                        }
+                        None => answer_all(tcp, heads, hang_up).await,
+                    }
+                });
+            }
+        });
+        Counting {
+            addr,
+            tls,
+            connections,
+            heads,
+        }
+    }
+
+    fn base_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.addr.port())
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// Answers each request of one connection with a chat completion, reading its body by its
+/// `content-length`.
+async fn answer_all<S>(mut stream: S, heads: Arc<Mutex<Vec<String>>>, hang_up: bool)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    loop {
+        let end = loop {
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        while buf.len() < end + length {
+            let mut chunk = [0u8; 65536];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..end + length);
+        heads.lock().unwrap().push(head);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+            ANSWER.len()
+        );
+        if stream.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        let _ = stream.flush().await;
+        if hang_up {
+            let _ = stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// A small chat request, streamed or not.
+fn small_turn(stream: bool) -> Value {
+    json!({"model": "gpt-4o", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_and_used_again_over_http_and_https() {
+    for tls in [false, true] {
+        let provider = Counting::start(tls, false).await;
+        // One worker: every request shares its connections.
+        let config = config_for(&provider.base_url(), "worker_threads = 1");
+        let sluice = match &provider.tls {
+            Some(t) => Sluice::start_with(&config, &[("SSL_CERT_FILE", t.ca.to_str().unwrap())]),
+            None => Sluice::start(&config),
+        };
+        // One after another: every request on the first connection.
+        for i in 0..5 {
+            let resp = post(&sluice, CHAT, &small_turn(i % 2 == 1)).await;
+            assert_eq!(resp.status(), 200);
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["choices"][0]["message"]["content"], "Hello", "tls {tls}");
+        }
+        assert_eq!(provider.connections(), 1, "tls {tls}");
+        // HTTP/1.1 takes the path alone on the request line, and the provider's own Host.
+        let host = format!("host: 127.0.0.1:{}", provider.addr.port());
+        for head in provider.heads.lock().unwrap().iter() {
+            assert!(
+                head.starts_with("POST /v1/chat/completions HTTP/1.1\r\n"),
+                "{head}"
+            );
+            assert_eq!(
+                head.to_ascii_lowercase().matches("\r\nhost:").count(),
+                1,
+                "{head}"
+            );
+            assert!(head.to_ascii_lowercase().contains(&host), "{head}");
+            assert!(
+                !head.to_ascii_lowercase().contains("connection: close"),
+                "{head}"
+            );
+        }
+        // Eight at once need eight connections; eight more at once use them again.
+        let (large, small) = (spilled_turn(false), small_turn(false));
+        for round in 0..2 {
+            let sends = (0..8).map(|_| post(&sluice, CHAT, &large));
+            for resp in futures_util::future::join_all(sends).await {
+                assert_eq!(resp.status(), 200, "tls {tls} round {round}");
+                resp.bytes().await.unwrap();
+            }
+        }
+        let opened = provider.connections();
+        assert!(
+            opened <= 8,
+            "tls {tls}: {opened} connections for 8 at a time"
+        );
+        let sends = (0..8).map(|_| post(&sluice, CHAT, &small));
+        for resp in futures_util::future::join_all(sends).await {
+            assert_eq!(resp.status(), 200);
+        }
+        assert_eq!(
+            provider.connections(),
+            opened,
+            "tls {tls}: none opened once warm"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_provider_that_hangs_up_after_each_answer_costs_no_request() {
+    // Its connections close as soon as they answer: sluice must notice, or send again a request
+    // a closed connection did not take, never fail one.
+    let provider = Counting::start(false, true).await;
+    let sluice = Sluice::start(&config_for(&provider.base_url(), ""));
+    for i in 0..20 {
+        let resp = post(&sluice, CHAT, &small_turn(i % 2 == 0)).await;
+        assert_eq!(resp.status(), 200, "request {i}");
+        resp.bytes().await.unwrap();
+    }
+    assert_eq!(provider.heads.lock().unwrap().len(), 20);
+    assert_eq!(provider.connections(), 20);
+    let metrics = sluice.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total{dialect=\"openai-chat\",route=\"openai\",status=\"200\"}"
+        ),
+        20.0
+    );
+}
+
+#[tokio::test]
+async fn a_kept_connection_idle_past_the_pool_timeout_is_not_used() {
+    let provider = Counting::start(false, false).await;
+    // One worker, whose pool every request uses.
+    let config = config_for(&provider.base_url(), "worker_threads = 1").replace(
+        "idle_timeout_seconds = 10",
+        "idle_timeout_seconds = 10\npool_idle_timeout_seconds = 0.3",
+    );
+    let sluice = Sluice::start(&config);
+    for _ in 0..2 {
+        assert_eq!(post(&sluice, CHAT, &small_turn(false)).await.status(), 200);
+    }
+    assert_eq!(provider.connections(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(post(&sluice, CHAT, &small_turn(false)).await.status(), 200);
+    assert_eq!(provider.connections(), 2);
+}

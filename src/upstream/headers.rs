@@ -21,11 +21,15 @@ const HOP_BY_HOP: &[HeaderName] = &[
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Request headers for the upstream, edited in place from the client's: hop-by-hop headers,
-/// `host`, `content-length` (recomputed) and sluice's own `x-sluice-*` removed; the credential
+/// `content-length` (recomputed) and sluice's own `x-sluice-*` removed; `host` the upstream's
+/// (made once per route for a plain `http` one, else left to the client); the credential
 /// replaced when the route has its own key (S4).
 pub fn request_headers(mut headers: HeaderMap, route: &Route, family: Family) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
-    headers.remove(header::HOST);
+    match &route.host {
+        Some(host) => headers.insert(header::HOST, host.clone()),
+        None => headers.remove(header::HOST),
+    };
     headers.remove(header::CONTENT_LENGTH);
     if headers.keys().any(|n| n.as_str().starts_with("x-sluice-")) {
         let ours: Vec<HeaderName> = headers
@@ -64,31 +68,51 @@ pub fn response_headers(mut headers: HeaderMap) -> HeaderMap {
 
 /// Removes the headers that describe one hop of a connection, and those that `Connection` names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests and responses carry none: one pass over the names instead of a lookup of
-    // each hop-by-hop name (a `Connection` header is one of them).
-    let hop = |name: &HeaderName| HOP_BY_HOP.contains(name) || *name == KEEP_ALIVE;
-    if !headers.keys().any(hop) {
+    // Most requests carry none, and an HTTP/1.1 provider's answers only `Connection:
+    // keep-alive`: one pass over the names notes which are here (a bit each, `keep-alive` the
+    // last), and only those are removed, with nothing allocated.
+    let mut here = 0u8;
+    for name in headers.keys() {
+        if *name == KEEP_ALIVE {
+            here |= 1 << HOP_BY_HOP.len();
+        } else if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            here |= 1 << i;
+        }
+    }
+    if here == 0 {
         return;
     }
-    for name in connection_tokens(headers) {
-        headers.remove(name.as_str());
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(KEEP_ALIVE);
-}
-
-/// Header names listed in `Connection`, which are hop-by-hop too.
-fn connection_tokens(headers: &HeaderMap) -> Vec<String> {
-    headers
+    // The names `Connection` lists (RFC 9110 section 7.6.1), besides those removed below.
+    let listed: Vec<HeaderValue> = headers
         .get_all(header::CONNECTION)
+        .iter()
+        .cloned()
+        .collect();
+    for token in listed
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-        .collect()
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && !is_hop_by_hop(t))
+    {
+        headers.remove(token);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if here & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    if here & (1 << HOP_BY_HOP.len()) != 0 {
+        headers.remove(KEEP_ALIVE);
+    }
+}
+
+/// Whether `token` names a header [`strip_hop_by_hop`] removes anyway (any case).
+fn is_hop_by_hop(token: &str) -> bool {
+    token.eq_ignore_ascii_case(KEEP_ALIVE.as_str())
+        || HOP_BY_HOP
+            .iter()
+            .any(|name| token.eq_ignore_ascii_case(name.as_str()))
 }
 
 #[cfg(test)]
@@ -125,8 +149,65 @@ mod tests {
         let out = request_headers(h, route, Family::OpenAi);
         let mut names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
         names.sort_unstable();
-        assert_eq!(names, vec!["authorization", "openai-organization"]);
+        assert_eq!(names, vec!["authorization", "host", "openai-organization"]);
         assert_eq!(out["authorization"], "Bearer client");
+        // The client's `Host` named sluice; the upstream gets its own.
+        assert_eq!(out["host"], "up");
+    }
+
+    #[test]
+    fn host_is_the_upstreams_own_for_plain_http_and_left_to_the_client_for_https() {
+        for (base, host) in [
+            ("http://up", Some("up")),
+            ("http://up:80/v1", Some("up")),
+            (
+                "http://user:secret@127.0.0.1:18101",
+                Some("127.0.0.1:18101"),
+            ),
+            ("http://[::1]:8080", Some("[::1]:8080")),
+            ("https://api.example.com", None),
+            ("https://api.example.com:8443", None),
+        ] {
+            let t = RouteTable::new(&[RouteConfig {
+                name: "r".into(),
+                dialects: vec![Dialect::OpenAiChat],
+                upstream: base.into(),
+                ..RouteConfig::default()
+            }])
+            .unwrap();
+            let route = t.select(Dialect::OpenAiChat, "m").unwrap();
+            let mut h = HeaderMap::new();
+            h.insert("host", "sluice:8080".parse().unwrap());
+            let out = request_headers(h, route, Family::OpenAi);
+            assert_eq!(out.get("host").map(|v| v.to_str().unwrap()), host, "{base}");
+        }
+    }
+
+    #[test]
+    fn a_response_loses_exactly_its_hop_by_hop_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "Keep-Alive, X-Hop, close".parse().unwrap());
+        h.append("connection", "upgrade".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        h.insert("close", "named by a token".parse().unwrap());
+        h.insert("upgrade", "h2c".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("content-type", "text/event-stream".parse().unwrap());
+        h.insert("x-request-id", "r".parse().unwrap());
+        let out = response_headers(h);
+        let mut names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, vec!["content-type", "x-request-id"]);
+        // What an HTTP/1.1 provider sends: only `Connection` goes.
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive".parse().unwrap());
+        h.insert("content-length", "2".parse().unwrap());
+        let out = response_headers(h);
+        assert_eq!(
+            out.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+            ["content-length"]
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The upstream side: hyper-util's pooled client per worker thread (rustls, HTTP/1.1 and h2 by
-//! ALPN), the header policy in both directions ([`headers`]), and the streamed relay of response
+//! The upstream side: each worker's own connections ([`pool`]: hyper's connection API over
+//! rustls, HTTP/1.1 and h2 by ALPN), the header policy in both directions ([`headers`]), and the streamed relay of response
 //! bodies ([`relay`]; SPEC P3, S4). A request's URI is the route's parsed base with the client's
 //! path and query, so nothing is parsed again per request; a request an HTTP/2 provider refused
 //! unread is sent again. Where the environment routes a destination through a proxy
@@ -7,6 +7,7 @@
 //! proxies (docs/runtime.md, "The upstream client").
 
 mod headers;
+mod pool;
 mod relay;
 
 use std::sync::Arc;
@@ -17,9 +18,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::{self, connect::HttpConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::UpstreamConfig;
 use crate::encoding::{Coding, Decoder};
@@ -39,7 +39,7 @@ type Tls = hyper_rustls::HttpsConnector<HttpConnector>;
 const RESENDS: usize = 2;
 
 pub struct Upstream {
-    client: legacy::Client<Connector, Outgoing>,
+    pool: pool::Pool,
     /// The environment's proxies and the client that reaches them, when it names any.
     proxied: Option<(Matcher, reqwest::Client)>,
     first_byte: Duration,
@@ -84,13 +84,7 @@ impl Upstream {
             https,
             limit: connect,
         };
-        let client = legacy::Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(pool_idle)
-            // Large streamed answers over h2 should not be held back by a small fixed window.
-            .http2_adaptive_window(true)
-            .build(connector);
+        let pool = pool::Pool::new(connector, pool_idle);
         let named = PROXY_VARIABLES
             .iter()
             .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
@@ -109,7 +103,7 @@ impl Upstream {
             None
         };
         Ok(Self {
-            client,
+            pool,
             proxied,
             first_byte: Duration::from_secs_f64(config.first_byte_timeout_seconds),
             idle: Duration::from_secs_f64(config.idle_timeout_seconds),
@@ -199,15 +193,15 @@ impl Upstream {
                 *request.uri_mut(),
                 *request.headers_mut(),
             ) = head;
-            match self.client.request(request).await {
-                Ok(response) => return Ok(response.map(|b| b.map_err(BoxError::from).boxed())),
+            match self.pool.send(request).await {
+                Ok(response) => return Ok(response),
                 Err(e) => match again {
-                    Some(next) if refused_unread(&e) => {
+                    Some(next) if refused_unread(&*e) => {
                         tracing::debug!(error = %e, "the upstream refused the request unread; sending it again");
                         resends -= 1;
                         (body, head) = next;
                     }
-                    _ => return Err(e.into()),
+                    _ => return Err(e),
                 },
             }
         }

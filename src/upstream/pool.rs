@@ -1,0 +1,309 @@
+//! The upstream connections of one worker, kept between requests (docs/runtime.md, "The
+//! upstream pool"). hyper's connection API does the HTTP: each connection is a
+//! `client::conn` handshake over the route's connector (TCP, and TLS with ALPN choosing h2 or
+//! HTTP/1.1), its task spawned on the worker's runtime. What this module keeps is which
+//! connections are free: an HTTP/1.1 connection is handed back when its response body has been
+//! read to its end (a body dropped early closes it, as hyper does), and an h2 connection is
+//! shared by every request to its origin while it stays open. hyper-util's pooled client did the
+//! same, but hashed each request's origin byte by byte with SipHash three times and spawned a
+//! task per answer to wait for its connection to come back; here an origin is compared with
+//! the few a worker talks to, and a connection comes back when its body ends.
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http_body::{Body as _, Frame};
+use hyper::client::conn::{http1, http2};
+use hyper::rt::Executor as _;
+use hyper_util::client::legacy::connect::Connection as _;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tower_service::Service as _;
+
+use super::{BoxError, Connector, Outgoing};
+
+/// Where a connection goes: requests to the same scheme and authority share connections.
+#[derive(Clone, PartialEq, Eq)]
+struct Origin {
+    tls: bool,
+    authority: Authority,
+}
+
+impl Origin {
+    fn of(uri: &http::Uri) -> Result<Origin, BoxError> {
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or("the upstream URI has no host")?;
+        Ok(Origin {
+            tls: uri.scheme() == Some(&Scheme::HTTPS),
+            authority,
+        })
+    }
+}
+
+/// An HTTP/1.1 connection, free for a request.
+struct Free {
+    origin: Origin,
+    sender: http1::SendRequest<Outgoing>,
+    since: Instant,
+}
+
+struct Kept {
+    /// Free HTTP/1.1 connections, the most recently used last.
+    free: Vec<Free>,
+    /// One open h2 connection per origin that offered h2.
+    shared: Vec<(Origin, http2::SendRequest<Outgoing>)>,
+}
+
+/// One worker's upstream connections.
+pub(super) struct Pool {
+    connector: Connector,
+    kept: Arc<Mutex<Kept>>,
+    /// A free connection unused this long is closed instead of used.
+    idle: Duration,
+}
+
+/// A connection taken for one request.
+enum Taken {
+    H1(http1::SendRequest<Outgoing>),
+    H2(http2::SendRequest<Outgoing>),
+}
+
+impl Pool {
+    pub(super) fn new(connector: Connector, idle: Duration) -> Pool {
+        Pool {
+            connector,
+            kept: Arc::new(Mutex::new(Kept {
+                free: Vec::new(),
+                shared: Vec::new(),
+            })),
+            idle,
+        }
+    }
+
+    /// Sends `request` (its URI absolute) on a kept connection to its origin, or on a new one.
+    /// A kept connection that turns out closed before the request was written is dropped and
+    /// the next one tried, as hyper-util's client did; a new connection's failure is the answer.
+    pub(super) async fn send(
+        &self,
+        mut request: http::Request<Outgoing>,
+    ) -> Result<http::Response<super::Incoming>, BoxError> {
+        let origin = Origin::of(request.uri())?;
+        let absolute = request.uri().clone();
+        loop {
+            let (taken, fresh) = match self.take(&origin) {
+                Some(taken) => (taken, false),
+                // Boxed: connecting (TLS, the handshakes) holds kilobytes of state, which would
+                // otherwise sit in every request's future and be copied with it.
+                None => (
+                    Box::pin(self.connect(&origin, absolute.clone())).await?,
+                    true,
+                ),
+            };
+            let failed = match taken {
+                Taken::H1(mut sender) => {
+                    for_http1(&mut request, &origin);
+                    match sender.try_send_request(request).await {
+                        Ok(response) => {
+                            let back = (origin.clone(), sender, self.kept.clone());
+                            return Ok(response.map(|body| returning(body, back)));
+                        }
+                        Err(e) => e,
+                    }
+                }
+                Taken::H2(mut sender) => match sender.try_send_request(request).await {
+                    Ok(response) => return Ok(response.map(boxed)),
+                    Err(e) => {
+                        if sender.is_closed() {
+                            self.lock().shared.retain(|(o, _)| *o != origin);
+                        }
+                        e
+                    }
+                },
+            };
+            let mut failed = failed;
+            match failed.take_message() {
+                // Not written, on a kept connection that had closed: try the next.
+                Some(unsent) if !fresh => {
+                    request = unsent;
+                    *request.uri_mut() = absolute.clone();
+                }
+                _ => return Err(failed.into_error().into()),
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A kept connection to `origin` that can take a request now: the shared h2 one, or the
+    /// most recently freed HTTP/1.1 one. Closed and long-idle ones are dropped on the way.
+    fn take(&self, origin: &Origin) -> Option<Taken> {
+        let mut kept = self.lock();
+        kept.shared.retain(|(_, sender)| !sender.is_closed());
+        if let Some((_, sender)) = kept.shared.iter().find(|(o, _)| o == origin) {
+            return Some(Taken::H2(sender.clone()));
+        }
+        let now = Instant::now();
+        let idle = self.idle;
+        kept.free
+            .retain(|f| !f.sender.is_closed() && now.duration_since(f.since) < idle);
+        let at = kept
+            .free
+            .iter()
+            .rposition(|f| f.origin == *origin && f.sender.is_ready())?;
+        Some(Taken::H1(kept.free.swap_remove(at).sender))
+    }
+
+    /// A new connection to `origin`: h2 when TLS negotiated it (then shared from here on),
+    /// else HTTP/1.1. Its task runs on this worker's runtime.
+    async fn connect(&self, origin: &Origin, uri: http::Uri) -> Result<Taken, BoxError> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+        let io = connector.call(uri).await?;
+        if io.connected().is_negotiated_h2() {
+            let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                // Large streamed answers should not be held back by a small fixed window.
+                .adaptive_window(true)
+                .handshake(io)
+                .await?;
+            TokioExecutor::new().execute(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "upstream h2 connection ended");
+                }
+            });
+            self.lock().shared.push((origin.clone(), sender.clone()));
+            return Ok(Taken::H2(sender));
+        }
+        let (mut sender, connection) = http1::Builder::new().handshake(io).await?;
+        TokioExecutor::new().execute(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        sender.ready().await?;
+        Ok(Taken::H1(sender))
+    }
+}
+
+/// A request for an HTTP/1.1 connection: its URI in origin form (the path and query) and a
+/// `Host` from its authority when it has none (the route sets it for a plain `http` upstream).
+fn for_http1(request: &mut http::Request<Outgoing>, origin: &Origin) {
+    if !request.headers().contains_key(http::header::HOST) {
+        let host = origin.authority.host();
+        let default = if origin.tls { 443 } else { 80 };
+        let value = match origin.authority.port_u16() {
+            Some(port) if port != default => http::HeaderValue::from_str(&format!("{host}:{port}")),
+            _ => http::HeaderValue::from_str(host),
+        };
+        if let Ok(value) = value {
+            request.headers_mut().insert(http::header::HOST, value);
+        }
+    }
+    let path = request
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    *request.uri_mut() = http::Uri::from(path);
+}
+
+/// A connection to hand back, and where.
+type Back = (Origin, http1::SendRequest<Outgoing>, Arc<Mutex<Kept>>);
+
+/// The response body, handing its connection back when it has been read to its end.
+fn returning(body: hyper::body::Incoming, back: Back) -> super::Incoming {
+    http_body_util::BodyExt::boxed(Returning {
+        body,
+        back: Some(back),
+    })
+}
+
+fn boxed(body: hyper::body::Incoming) -> super::Incoming {
+    use http_body_util::BodyExt;
+    body.map_err(BoxError::from).boxed()
+}
+
+/// An HTTP/1.1 response body that hands its connection back to the pool at its end.
+struct Returning {
+    body: hyper::body::Incoming,
+    back: Option<Back>,
+}
+
+impl Drop for Returning {
+    /// A body that was empty, or whose last frame was read without the end being polled for,
+    /// still hands its connection back; one dropped before its end does not (hyper closes it).
+    fn drop(&mut self) {
+        if self.body.is_end_stream() {
+            self.hand_back();
+        }
+    }
+}
+
+impl Returning {
+    /// The body has ended: its connection is free again, or will be once hyper has finished
+    /// with it (then a task waits for that, as hyper-util's client did for every answer).
+    fn hand_back(&mut self) {
+        let Some((origin, mut sender, kept)) = self.back.take() else {
+            return;
+        };
+        if sender.is_closed() {
+            return;
+        }
+        if sender.is_ready() {
+            free(&kept, origin, sender);
+            return;
+        }
+        TokioExecutor::new().execute(async move {
+            if sender.ready().await.is_ok() {
+                free(&kept, origin, sender);
+            }
+        });
+    }
+}
+
+fn free(kept: &Mutex<Kept>, origin: Origin, sender: http1::SendRequest<Outgoing>) {
+    let mut kept = kept
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    kept.free.push(Free {
+        origin,
+        sender,
+        since: Instant::now(),
+    });
+}
+
+impl http_body::Body for Returning {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.hand_back(),
+            Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.hand_back(),
+            // An error closes the connection; it is not handed back.
+            Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        polled.map_err(BoxError::from)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
