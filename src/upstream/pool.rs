@@ -52,8 +52,8 @@ struct Free {
 }
 
 struct Kept {
-    /// Free HTTP/1.1 connections, the most recently used last.
-    free: Vec<Free>,
+    /// Free HTTP/1.1 connections in the order they were freed: the longest idle first.
+    free: std::collections::VecDeque<Free>,
     /// One open h2 connection per origin that offered h2.
     shared: Vec<(Origin, http2::SendRequest<Outgoing>)>,
 }
@@ -77,7 +77,7 @@ impl Pool {
         Pool {
             connector,
             kept: Arc::new(Mutex::new(Kept {
-                free: Vec::new(),
+                free: std::collections::VecDeque::new(),
                 shared: Vec::new(),
             })),
             idle,
@@ -150,15 +150,23 @@ impl Pool {
         if let Some((_, sender)) = kept.shared.iter().find(|(o, _)| o == origin) {
             return Some(Taken::H2(sender.clone()));
         }
+        // Those idle too long are the first; a taken one that turns out closed is dropped and
+        // the next tried. Each request looks at only the few entries it needs.
         let now = Instant::now();
-        let idle = self.idle;
-        kept.free
-            .retain(|f| !f.sender.is_closed() && now.duration_since(f.since) < idle);
-        let at = kept
+        while kept
             .free
-            .iter()
-            .rposition(|f| f.origin == *origin && f.sender.is_ready())?;
-        Some(Taken::H1(kept.free.swap_remove(at).sender))
+            .front()
+            .is_some_and(|f| now.duration_since(f.since) >= self.idle)
+        {
+            kept.free.pop_front();
+        }
+        while let Some(at) = kept.free.iter().rposition(|f| f.origin == *origin) {
+            let free = kept.free.remove(at)?;
+            if free.sender.is_ready() {
+                return Some(Taken::H1(free.sender));
+            }
+        }
+        None
     }
 
     /// A new connection to `origin`: h2 when TLS negotiated it (then shared from here on),
@@ -273,7 +281,7 @@ fn free(kept: &Mutex<Kept>, origin: Origin, sender: http1::SendRequest<Outgoing>
     let mut kept = kept
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    kept.free.push(Free {
+    kept.free.push_back(Free {
         origin,
         sender,
         since: Instant::now(),
