@@ -255,6 +255,8 @@ struct Counting {
     addr: SocketAddr,
     tls: Option<Tls>,
     connections: Arc<AtomicUsize>,
+    /// Connections still open (the provider's side has not seen them end).
+    open: Arc<AtomicUsize>,
     heads: Arc<Mutex<Vec<String>>>,
 }
 
@@ -270,12 +272,14 @@ impl Counting {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
         let heads = Arc::new(Mutex::new(Vec::new()));
-        let (c, h) = (connections.clone(), heads.clone());
+        let (c, o, h) = (connections.clone(), open.clone(), heads.clone());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::SeqCst);
-                let (acceptor, heads) = (acceptor.clone(), h.clone());
+                o.fetch_add(1, Ordering::SeqCst);
+                let (acceptor, open, heads) = (acceptor.clone(), o.clone(), h.clone());
                 tokio::spawn(async move {
                     match acceptor {
                         Some(acceptor) => {
@@ -285,6 +289,7 @@ impl Counting {
                         }
                         None => answer_all(tcp, heads, hang_up).await,
                     }
+                    open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
@@ -292,6 +297,7 @@ impl Counting {
             addr,
             tls,
             connections,
+            open,
             heads,
         }
     }
@@ -449,7 +455,7 @@ async fn a_provider_that_hangs_up_after_each_answer_costs_no_request() {
 }
 
 #[tokio::test]
-async fn a_kept_connection_idle_past_the_pool_timeout_is_not_used() {
+async fn a_kept_connection_idle_past_the_pool_timeout_is_closed_and_not_used() {
     let provider = Counting::start(false, false).await;
     // One worker, whose pool every request uses.
     let config = config_for(&provider.base_url(), "worker_threads = 1").replace(
@@ -461,7 +467,10 @@ async fn a_kept_connection_idle_past_the_pool_timeout_is_not_used() {
         assert_eq!(post(&sluice, CHAT, &small_turn(false)).await.status(), 200);
     }
     assert_eq!(provider.connections(), 1);
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    // Closed once idle past the timeout, with no request to notice it.
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    assert_eq!(provider.open.load(Ordering::SeqCst), 0);
     assert_eq!(post(&sluice, CHAT, &small_turn(false)).await.status(), 200);
     assert_eq!(provider.connections(), 2);
+    assert_eq!(provider.open.load(Ordering::SeqCst), 1);
 }

@@ -56,14 +56,30 @@ struct Kept {
     free: std::collections::VecDeque<Free>,
     /// One open h2 connection per origin that offered h2.
     shared: Vec<(Origin, http2::SendRequest<Outgoing>)>,
+    /// How long a free connection is kept.
+    idle: Duration,
+    /// Whether a task is closing the free connections as they pass `idle` ([`reap`]).
+    reaping: bool,
+}
+
+impl Kept {
+    /// Drops the free connections idle `idle` or longer (the first ones), as of `now`.
+    fn expire(&mut self, now: Instant) {
+        let idle = self.idle;
+        while self
+            .free
+            .front()
+            .is_some_and(|f| now.duration_since(f.since) >= idle)
+        {
+            self.free.pop_front();
+        }
+    }
 }
 
 /// One worker's upstream connections.
 pub(super) struct Pool {
     connector: Connector,
     kept: Arc<Mutex<Kept>>,
-    /// A free connection unused this long is closed instead of used.
-    idle: Duration,
 }
 
 /// A connection taken for one request.
@@ -79,8 +95,9 @@ impl Pool {
             kept: Arc::new(Mutex::new(Kept {
                 free: std::collections::VecDeque::new(),
                 shared: Vec::new(),
+                idle,
+                reaping: false,
             })),
-            idle,
         }
     }
 
@@ -117,7 +134,9 @@ impl Pool {
                 Taken::H2(mut sender) => match sender.try_send_request(request).await {
                     Ok(response) => return Ok(response.map(boxed)),
                     Err(e) => {
-                        if sender.is_closed() {
+                        // A connection that is closing, or that did not take the request, is
+                        // shared no longer: the next try opens a new one, never loops on it.
+                        if sender.is_closed() || e.message().is_some() {
                             self.lock().shared.retain(|(o, _)| *o != origin);
                         }
                         e
@@ -137,9 +156,7 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
-        self.kept
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.kept)
     }
 
     /// A kept connection to `origin` that can take a request now: the shared h2 one, or the
@@ -152,14 +169,7 @@ impl Pool {
         }
         // Those idle too long are the first; a taken one that turns out closed is dropped and
         // the next tried. Each request looks at only the few entries it needs.
-        let now = Instant::now();
-        while kept
-            .free
-            .front()
-            .is_some_and(|f| now.duration_since(f.since) >= self.idle)
-        {
-            kept.free.pop_front();
-        }
+        kept.expire(Instant::now());
         while let Some(at) = kept.free.iter().rposition(|f| f.origin == *origin) {
             let free = kept.free.remove(at)?;
             if free.sender.is_ready() {
@@ -269,7 +279,7 @@ impl Returning {
             free(&kept, origin, sender);
             return;
         }
-        TokioExecutor::new().execute(async move {
+        detach(async move {
             if sender.ready().await.is_ok() {
                 free(&kept, origin, sender);
             }
@@ -277,15 +287,57 @@ impl Returning {
     }
 }
 
-fn free(kept: &Mutex<Kept>, origin: Origin, sender: http1::SendRequest<Outgoing>) {
-    let mut kept = kept
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+/// Puts a connection back among the free ones, and starts the task that closes them once idle
+/// too long if none runs.
+fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, sender: http1::SendRequest<Outgoing>) {
+    let mut kept = lock(shared);
     kept.free.push_back(Free {
         origin,
         sender,
         since: Instant::now(),
     });
+    if !kept.reaping {
+        kept.reaping = true;
+        detach(reap(Arc::downgrade(shared)));
+    }
+}
+
+/// Runs `task` on this worker's runtime, beside its connections. A body dropped where there is
+/// no runtime (its own shutting down) has nothing left to keep: the task is dropped.
+fn detach<F>(task: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if tokio::runtime::Handle::try_current().is_ok() {
+        TokioExecutor::new().execute(task);
+    }
+}
+
+fn lock(kept: &Mutex<Kept>) -> std::sync::MutexGuard<'_, Kept> {
+    kept.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Closes free connections as they pass the pool's idle timeout (`pool_idle_timeout_seconds`),
+/// waking when the longest idle one is due; it ends when none is left free, or with the pool.
+async fn reap(pool: std::sync::Weak<Mutex<Kept>>) {
+    loop {
+        let due = {
+            let Some(shared) = pool.upgrade() else {
+                return;
+            };
+            let mut kept = lock(&shared);
+            kept.expire(Instant::now());
+            match kept.free.front() {
+                Some(first) => first.since + kept.idle,
+                None => {
+                    kept.reaping = false;
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(due.into()).await;
+    }
 }
 
 impl http_body::Body for Returning {
