@@ -16,9 +16,9 @@ pub struct Route {
     /// The base URL's path without its trailing `/` (empty for none): the request path's prefix.
     prefix: String,
     /// The `Host` header of every request to a plain `http` upstream (its host, and its port
-    /// when that is not 80), made once here; hyper-util's client formats it per request
-    /// otherwise. `None` for `https`, whose connection may be h2, where the authority goes as
-    /// `:authority` and the client sets `Host` only when it speaks HTTP/1.1.
+    /// when that is not 80), made once here rather than per request by the upstream pool.
+    /// `None` for `https`, whose connection may be h2, where the authority goes as
+    /// `:authority` and the pool sets `Host` only when it speaks HTTP/1.1.
     pub host: Option<HeaderValue>,
     /// The route's own credential (from `api_key_env`), marked sensitive so it is never printed.
     pub api_key: Option<HeaderValue>,
@@ -57,12 +57,13 @@ impl Route {
     }
 }
 
-/// `Host` for an `http` upstream's authority: what hyper-util would send, its host and, unless
-/// it is 80, its port (never a user name or password the URL carried).
-fn host_header(authority: &http::uri::Authority) -> Option<HeaderValue> {
+/// `Host` for an HTTP/1.1 request to `authority`: its host and, unless it is the scheme's
+/// `default` port, its port (never a user name or password a URL carried); what hyper-util's
+/// client sent.
+pub fn host_header(authority: &http::uri::Authority, default: u16) -> Option<HeaderValue> {
     let host = authority.host();
     match authority.port_u16() {
-        Some(port) if port != 80 => HeaderValue::from_str(&format!("{host}:{port}")).ok(),
+        Some(port) if port != default => HeaderValue::from_str(&format!("{host}:{port}")).ok(),
         _ => HeaderValue::from_str(host).ok(),
     }
 }
@@ -126,7 +127,7 @@ impl RouteTable {
             };
             let prefix = parsed.path().trim_end_matches('/').to_string();
             let host = (origin.0 == http::uri::Scheme::HTTP)
-                .then(|| host_header(&origin.1))
+                .then(|| host_header(&origin.1, 80))
                 .flatten();
             routes.push(Route {
                 origin,

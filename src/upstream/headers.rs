@@ -70,7 +70,8 @@ pub fn response_headers(mut headers: HeaderMap) -> HeaderMap {
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most requests carry none, and an HTTP/1.1 provider's answers only `Connection:
     // keep-alive`: one pass over the names notes which are here (a bit each, `keep-alive` the
-    // last), and only those are removed, with nothing allocated.
+    // last), and only those are removed. Nothing is allocated unless `Connection` names a
+    // header besides those.
     let mut here = 0u8;
     for name in headers.keys() {
         if *name == KEEP_ALIVE {
@@ -83,19 +84,25 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     // The names `Connection` lists (RFC 9110 section 7.6.1), besides those removed below.
-    let listed: Vec<HeaderValue> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .cloned()
-        .collect();
-    for token in listed
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty() && !is_hop_by_hop(t))
+    fn others<'v>(values: impl Iterator<Item = &'v HeaderValue>) -> impl Iterator<Item = &'v str> {
+        values
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && !is_hop_by_hop(t))
+    }
+    if others(headers.get_all(header::CONNECTION).iter())
+        .next()
+        .is_some()
     {
-        headers.remove(token);
+        let listed: Vec<HeaderValue> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        for token in others(listed.iter()) {
+            headers.remove(token);
+        }
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if here & (1 << i) != 0 {

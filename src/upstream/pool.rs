@@ -120,7 +120,7 @@ impl Pool {
                     true,
                 ),
             };
-            let failed = match taken {
+            let mut failed = match taken {
                 Taken::H1(mut sender) => {
                     for_http1(&mut request, &origin);
                     match sender.try_send_request(request).await {
@@ -137,13 +137,12 @@ impl Pool {
                         // A connection that is closing, or that did not take the request, is
                         // shared no longer: the next try opens a new one, never loops on it.
                         if sender.is_closed() || e.message().is_some() {
-                            self.lock().shared.retain(|(o, _)| *o != origin);
+                            lock(&self.kept).shared.retain(|(o, _)| *o != origin);
                         }
                         e
                     }
                 },
             };
-            let mut failed = failed;
             match failed.take_message() {
                 // Not written, on a kept connection that had closed: try the next.
                 Some(unsent) if !fresh => {
@@ -155,14 +154,10 @@ impl Pool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
-        lock(&self.kept)
-    }
-
     /// A kept connection to `origin` that can take a request now: the shared h2 one, or the
     /// most recently freed HTTP/1.1 one. Closed and long-idle ones are dropped on the way.
     fn take(&self, origin: &Origin) -> Option<Taken> {
-        let mut kept = self.lock();
+        let mut kept = lock(&self.kept);
         kept.shared.retain(|(_, sender)| !sender.is_closed());
         if let Some((_, sender)) = kept.shared.iter().find(|(o, _)| o == origin) {
             return Some(Taken::H2(sender.clone()));
@@ -192,20 +187,14 @@ impl Pool {
                 .adaptive_window(true)
                 .handshake(io)
                 .await?;
-            TokioExecutor::new().execute(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "upstream h2 connection ended");
-                }
-            });
-            self.lock().shared.push((origin.clone(), sender.clone()));
+            drive(connection);
+            lock(&self.kept)
+                .shared
+                .push((origin.clone(), sender.clone()));
             return Ok(Taken::H2(sender));
         }
         let (mut sender, connection) = http1::Builder::new().handshake(io).await?;
-        TokioExecutor::new().execute(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "upstream connection ended");
-            }
-        });
+        drive(connection);
         sender.ready().await?;
         Ok(Taken::H1(sender))
     }
@@ -215,13 +204,8 @@ impl Pool {
 /// `Host` from its authority when it has none (the route sets it for a plain `http` upstream).
 fn for_http1(request: &mut http::Request<Outgoing>, origin: &Origin) {
     if !request.headers().contains_key(http::header::HOST) {
-        let host = origin.authority.host();
         let default = if origin.tls { 443 } else { 80 };
-        let value = match origin.authority.port_u16() {
-            Some(port) if port != default => http::HeaderValue::from_str(&format!("{host}:{port}")),
-            _ => http::HeaderValue::from_str(host),
-        };
-        if let Ok(value) = value {
+        if let Some(value) = crate::route::host_header(&origin.authority, default) {
             request.headers_mut().insert(http::header::HOST, value);
         }
     }
@@ -300,6 +284,18 @@ fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, sender: http1::SendRequest<Ou
         kept.reaping = true;
         detach(reap(Arc::downgrade(shared)));
     }
+}
+
+/// Runs a new connection's task (hyper's, reading and writing it) on this worker's runtime.
+fn drive<C>(connection: C)
+where
+    C: std::future::Future<Output = Result<(), hyper::Error>> + Send + 'static,
+{
+    detach(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "upstream connection ended");
+        }
+    });
 }
 
 /// Runs `task` on this worker's runtime, beside its connections. A body dropped where there is
