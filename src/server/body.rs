@@ -14,6 +14,31 @@ use crate::error::GatewayError;
 
 use super::{Body, BODY_GRACE, BODY_MIN_BYTES_PER_SECOND, BODY_ROOM_WAIT};
 
+/// Bytes a body reader takes in before it lets the worker's other connections run. tokio's
+/// budget counts reads, not bytes: a client that keeps its socket full (on loopback, or behind
+/// a fast link) is read up to 128 times in one turn, and every other connection of the worker
+/// waits that long. A small request waited 30-60 ms behind a 13 MB upload so (`cargo bench
+/// --bench noisy_neighbour`; docs/runtime.md). 64 KiB is about a socket read's worth: a
+/// 200 KB body yields three times, a few microseconds in all.
+const YIELD_EVERY_BYTES: usize = 64 * 1024;
+
+/// Counts the bytes a reader took in since it last let others run, and yields past
+/// [`YIELD_EVERY_BYTES`].
+#[derive(Default)]
+struct Turn {
+    since: usize,
+}
+
+impl Turn {
+    async fn took(&mut self, bytes: usize) {
+        self.since += bytes;
+        if self.since >= YIELD_EVERY_BYTES {
+            self.since = 0;
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
 /// Reads a request body, refusing it as soon as it passes `limit` bytes (P4: 413), and at once
 /// when its declared length already does; one that has not fully arrived within `timeout` gets
 /// 408. Each chunk takes its room under `max_inflight_body_bytes` (`room`) first: the permit
@@ -72,6 +97,7 @@ pub(super) async fn read_body(
         .filter(|&n| as_text && n >= RESUME_FROM as u64)
         .map(|n| Receiving::with_capacity(usize::try_from(n).unwrap_or(0)));
     let mut total = 0u64;
+    let mut turn = Turn::default();
     loop {
         let until = deadline.min(paced(total));
         let frame = match tokio::time::timeout_at(until, incoming.frame()).await {
@@ -91,6 +117,7 @@ pub(super) async fn read_body(
             continue; // trailers
         };
         total += data.len() as u64;
+        turn.took(data.len()).await;
         if total > limit {
             drain(incoming).await;
             return Err(GatewayError::BodyTooLarge { limit });
@@ -156,7 +183,7 @@ pub(super) async fn decode_body(
     coding: Coding,
     limit: u64,
 ) -> Result<Bytes, GatewayError> {
-    let decoded = tokio::task::spawn_blocking(move || {
+    let decoded = super::heavy::run(move || {
         let Some(mut decoder) = Decoder::new(coding) else {
             return Ok(body);
         };
@@ -190,9 +217,11 @@ pub(super) async fn drain(incoming: Incoming) {
 /// for want of room costs no memory to drain, only the bytes' passage.
 async fn drain_within(mut incoming: Incoming, max: u64, time: Duration) {
     let _ = tokio::time::timeout(time, async move {
-        let mut dropped = 0u64;
+        let (mut dropped, mut turn) = (0u64, Turn::default());
         while let Some(Ok(frame)) = incoming.frame().await {
-            dropped += frame.data_ref().map_or(0, |d| d.len() as u64);
+            let bytes = frame.data_ref().map_or(0, bytes::Buf::remaining);
+            dropped += bytes as u64;
+            turn.took(bytes).await;
             if dropped > max {
                 break;
             }

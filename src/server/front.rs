@@ -1,5 +1,5 @@
 //! Stages 2 to 7 of a projected request, from its bytes to its edits: view, route, prepare,
-//! session, plan, read tool. A large body runs them all on the blocking pool, where its view is
+//! session, plan, read tool. A large body runs them all on the heavy pool, where its view is
 //! read once; a small one reads its view here and sends only image work to the pool.
 
 use crate::dialect::resume::Received;
@@ -22,7 +22,7 @@ use crate::tenant::Tenant;
 
 use super::Shared;
 
-/// Bodies from this size on run the whole front on the blocking pool: reading the view of a
+/// Bodies from this size on run the whole front on the heavy pool: reading the view of a
 /// few megabytes of history, paging and hashing its outputs take milliseconds.
 const HEAVY_BODY_BYTES: usize = 1024 * 1024;
 
@@ -33,7 +33,7 @@ const HEAVY_BODY_BYTES: usize = 1024 * 1024;
 /// holds its session's next request no longer than a load from it would.
 const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// What the front decided, owned, so it can come back from the blocking pool.
+/// What the front decided, owned, so it can come back from the heavy pool.
 pub(super) struct Front {
     /// The route's place in the route table.
     pub(super) route: usize,
@@ -76,7 +76,7 @@ pub(super) struct Ask<'r> {
 }
 
 impl Shared {
-    /// The front of a request: on the blocking pool for a large body, or one whose tokens the
+    /// The front of a request: on the heavy pool for a large body, or one whose tokens the
     /// context guard may count (within the `heavy` bound, so a core stays with the I/O
     /// threads); here for a small one.
     pub(super) async fn front(
@@ -96,7 +96,7 @@ impl Shared {
         // The session and artifact reads it awaits are driven by this worker's runtime, which
         // keeps running while the pool thread waits for them.
         let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || {
+        super::heavy::run(move || {
             runtime.block_on(async move {
                 let ask = Ask {
                     dialect,
@@ -120,7 +120,7 @@ impl Shared {
             .map_err(|_| GatewayError::Internal)
     }
 
-    /// Stages 2 to 7, in order; `pooled` when already on the blocking pool.
+    /// Stages 2 to 7, in order; `pooled` when already on the heavy pool.
     async fn stages(
         self: &Arc<Self>,
         ask: Ask<'_>,
@@ -179,7 +179,7 @@ impl Shared {
                     plan(&view, &tenant, policy, &self.memo, &state, prepared)
                 } else {
                     // Images to decode and check (or downscale), tokens to count: on the
-                    // blocking pool, so this worker's other connections keep moving.
+                    // heavy pool, so this worker's other connections keep moving.
                     let job = Planning {
                         dialect,
                         body: body.clone(),
@@ -381,7 +381,7 @@ impl Shared {
         }
     }
 
-    /// Stages 4 and 6 of a small body with images, on the blocking pool within the `heavy`
+    /// Stages 4 and 6 of a small body with images, on the heavy pool within the `heavy`
     /// bound: the view is read again there from the same bytes (under a megabyte, a scan far
     /// cheaper than the image work it moves).
     async fn images_off_thread(
@@ -390,7 +390,7 @@ impl Shared {
     ) -> Result<(projection::Projection, SessionState), GatewayError> {
         let _permit = self.heavy_slot().await?;
         let shared = Arc::clone(self);
-        let planned = tokio::task::spawn_blocking(move || {
+        let planned = super::heavy::run(move || {
             let view = job
                 .dialect
                 .read_view_resumed(&job.body, job.received.as_ref(), &shared.resumes)
@@ -481,7 +481,7 @@ fn plan(
     projection::project_prepared(view, &ctx, prepared)
 }
 
-/// What planning on the blocking pool takes with it.
+/// What planning on the heavy pool takes with it.
 struct Planning {
     dialect: Dialect,
     body: Bytes,

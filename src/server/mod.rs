@@ -12,6 +12,7 @@
 //! - `endpoints.rs`: `/v1/sluice/*` on the proxy listener; health, readiness, metrics.
 //! - `sessions.rs`: the inspector's session API and its page, `/sluice/ui`.
 //! - `body.rs`: request bodies (limits, pacing, decoding).
+//! - `heavy.rs`: the lower-priority threads CPU-heavy projection runs on.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -42,6 +43,7 @@ mod commit;
 mod endpoints;
 mod front;
 mod handle;
+mod heavy;
 mod pipeline;
 mod relay;
 mod reshow;
@@ -126,9 +128,9 @@ struct Shared {
     connections: Arc<tokio::sync::Semaphore>,
     /// One permit per request body byte buffered (`max_inflight_body_bytes`).
     body_room: Arc<tokio::sync::Semaphore>,
-    /// One permit per CPU-heavy projection running on the blocking pool (`worker_threads` − 1,
-    /// at least one, so a core is left to the I/O threads): images decoded, checked and
-    /// downscaled, large outputs paged and hashed.
+    /// One permit per CPU-heavy projection running on the heavy pool (`heavy.rs`):
+    /// `worker_threads` − 1, at least one, so a core is left to the I/O threads. Images
+    /// decoded, checked and downscaled, large outputs paged and hashed.
     heavy: Arc<tokio::sync::Semaphore>,
     /// Turn records, when `[inspector] enabled` (docs/inspector.md).
     inspector: Option<Arc<crate::inspect::Inspector>>,

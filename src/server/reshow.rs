@@ -51,7 +51,7 @@ impl MediaRoom {
 }
 
 impl App {
-    /// [`reshow`] on the blocking pool (the file is checked from its bytes and encoded), as
+    /// [`reshow`] on the heavy pool (the file is checked from its bytes and encoded), as
     /// heavy projection is: the worker goes on relaying meanwhile.
     pub(super) async fn reshow_off_thread(
         &self,
@@ -61,7 +61,7 @@ impl App {
     ) -> (String, Option<read::Media>, &'static str) {
         let _permit = self.heavy.clone().acquire_owned().await;
         let mut left = *room;
-        let shown = tokio::task::spawn_blocking(move || {
+        let shown = super::heavy::run(move || {
             let shown = reshow(&mut left, id, bytes);
             (left, shown)
         })

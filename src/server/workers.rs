@@ -136,6 +136,8 @@ pub(super) fn worker(
             .build()
     } else {
         tokio::runtime::Builder::new_current_thread()
+            // Names its blocking pool's threads (the runtime itself runs on this one).
+            .thread_name("sluice-blocking")
             .enable_all()
             .build()
     };

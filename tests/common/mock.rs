@@ -175,6 +175,7 @@ impl MockUpstream {
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
+                .thread_name("mock-upstream")
                 .enable_all()
                 .build()
                 .expect("mock runtime");
