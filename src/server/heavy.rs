@@ -1,15 +1,16 @@
 //! The threads CPU-heavy projection runs on: image decoding, checks and downscales, the front of
 //! a large body, request bodies' decompression. They are tokio blocking threads of their own
-//! (`sluice-heavy`), scheduled below the I/O workers (nice +10), so that a worker woken while
+//! (`sluice-heavy`), scheduled below the I/O workers (10 nice levels lower), so that a worker woken while
 //! every core decodes a picture gets a core at once instead of waiting out the decoder's time
 //! slice. How many run at once is bounded by the caller (the `heavy` semaphore); this pool only
 //! gives them their threads and their priority.
 
 use std::sync::OnceLock;
 
-/// The heavy threads' nice value. At +10 a heavy thread weighs a tenth of a worker, so on a
-/// busy core the scheduler runs a waking worker first, while the heavy job still gets about a
-/// tenth of a core that the workers keep busy (it is not starved, as under `SCHED_IDLE`).
+/// How many nice levels the heavy threads sit below the process's. At +10 a heavy thread
+/// weighs a tenth of a worker, so on a busy core the scheduler runs a waking worker first,
+/// while the heavy job still gets about a tenth of a core that the workers keep busy (it is
+/// not starved, as under `SCHED_IDLE`).
 const NICE: i32 = 10;
 
 /// Idle heavy threads end after this long.
@@ -40,11 +41,13 @@ fn pool() -> Option<&'static tokio::runtime::Runtime> {
     .as_ref()
 }
 
-/// Lowers the calling thread's priority. On Linux a nice value is the thread's own, so this
-/// touches no other thread. Raising a nice value needs no privilege; where it fails anyway the
-/// thread keeps the usual priority.
+/// Lowers the calling thread's priority by [`NICE`] levels from the one it started with (a
+/// sluice run under `nice` keeps its heavy threads below its workers). On Linux a nice value
+/// is the thread's own, so this touches no other thread. Raising a nice value needs no
+/// privilege; where it fails anyway the thread keeps the usual priority.
 fn lower_priority() {
-    if let Err(e) = rustix::process::setpriority_process(None, NICE) {
+    let now = rustix::process::getpriority_process(None).unwrap_or(0);
+    if let Err(e) = rustix::process::setpriority_process(None, (now + NICE).min(19)) {
         tracing::debug!(error = %e, "cannot lower a heavy thread's priority");
     }
 }
