@@ -423,10 +423,12 @@ async fn upstream_connections_are_kept_and_used_again_over_http_and_https() {
         for resp in futures_util::future::join_all(sends).await {
             assert_eq!(resp.status(), 200);
         }
-        assert_eq!(
-            provider.connections(),
-            opened,
-            "tls {tls}: none opened once warm"
+        // The warm rounds may have needed fewer than eight at their peak (a connection handed
+        // back before the last request of a round took one): up to eight in all, never more.
+        let now = provider.connections();
+        assert!(
+            now <= 8,
+            "tls {tls}: {now} connections after {opened} warm ones"
         );
     }
 }
