@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Load run (foundation issue, benchmark 9), all in one run on this machine:
 #  (a) at a fixed arrival rate, latency p50/p99 direct to a fast mock vs through sluice
-#      (the difference is sluice's added latency), nginx as a plain reverse proxy for reference;
+#      (the difference is sluice's added latency), nginx as a plain reverse proxy for reference,
+#      in LAT_ROUNDS interleaved rounds (medians);
 #  (b) throughput at saturation, direct vs sluice vs nginx, with CPU time per request of the
 #      proxy process (sluice, or nginx's workers) and sluice's peak RSS.
 # For a small chat request and a ~200 KB agent request with 30 tool turns, streamed and not.
@@ -102,12 +103,15 @@ TOML
 # (Re)starts sluice with the given connection balancing (SLUICE_BALANCE, docs/runtime.md).
 start_sluice() {
   if [ -n "${SLUICE_PID:-}" ]; then kill "$SLUICE_PID"; wait "$SLUICE_PID" 2>/dev/null || true; fi
+  # A sluice left running on these ports would answer instead, and be measured as this one.
+  if curl -sf "http://$ADMIN/readyz" >/dev/null; then echo "a sluice already answers on $ADMIN" >&2; exit 1; fi
   local balance=$1 keep=1000
   [ "$balance" = keep ] && balance=least keep=0
   SLUICE_BALANCE=$balance SLUICE_MAX_REQUESTS_PER_CONNECTION=$keep SLUICE_LOG=warn \
     "${SLUICE_BIN:-./target/release/sluice}" serve --config "$work/sluice.toml" &
   SLUICE_PID=$!
   for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
+  kill -0 "$SLUICE_PID" 2>/dev/null || { echo "sluice did not start" >&2; exit 1; }
 }
 start_sluice least
 
@@ -161,21 +165,37 @@ PY
 echo "generator at saturation: $GEN"
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; $(uname -sr); $(date -u +%F)"
 echo
-echo "| payload | mode | p50 direct | p50 sluice | p50 nginx | p99 direct | p99 sluice | p99 nginx | added p50 | added p99 |"
+# (a) runs in LAT_ROUNDS rounds, each of direct, sluice and nginx in turn, so a stretch of
+# host noise (these machines are shared; a run's direct p99 has moved from 0.6 to 6 ms between
+# runs) lands on all three instead of on whichever ran then. Each figure is the median over the
+# rounds; "added" is the median of each round's sluice minus that round's direct, with its
+# range over the rounds beside it.
+LAT_ROUNDS=${LAT_ROUNDS:-3}
+median() { python3 -c "import statistics,sys; print(round(statistics.median(map(float, sys.argv[1:])), 3))" "$@"; }
+spread() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(f'{min(v):.3f} to {max(v):.3f}')" "$@"; }
+echo "latency at $RATE req/s, 50 connections, $LAT_ROUNDS rounds of ${SECONDS_EACH} s per target (medians):"
+echo
+echo "| payload | mode | p50 direct | p50 sluice | p50 nginx | p99 direct | p99 sluice | p99 nginx | added p50 (range) | added p99 (range) |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 if [[ " $PARTS " == *" latency "* ]]; then
 for payload in $PAYLOADS; do for mode in $MODES; do
   declare -A p50 p99
-  for target in direct sluice nginx; do
-    out=$(run "$target" "$payload" "$mode" -q "$RATE" -c 50 --latency-correction)
-    ok=$(echo "$out" | field "d['summary']['successRate']")
-    [ "$ok" = "1.0" ] || echo "warning: $target $payload $mode success rate $ok" >&2
-    p50[$target]=$(echo "$out" | field "round(d['latencyPercentiles']['p50']*1000, 3)")
-    p99[$target]=$(echo "$out" | field "round(d['latencyPercentiles']['p99']*1000, 3)")
+  for target in direct sluice nginx; do p50[$target]=""; p99[$target]=""; done
+  add50="" add99=""
+  for _ in $(seq "$LAT_ROUNDS"); do
+    declare -A r50 r99
+    for target in direct sluice nginx; do
+      out=$(run "$target" "$payload" "$mode" -q "$RATE" -c 50 --latency-correction)
+      ok=$(echo "$out" | field "d['summary']['successRate']")
+      [ "$ok" = "1.0" ] || echo "warning: $target $payload $mode success rate $ok" >&2
+      r50[$target]=$(echo "$out" | field "round(d['latencyPercentiles']['p50']*1000, 3)")
+      r99[$target]=$(echo "$out" | field "round(d['latencyPercentiles']['p99']*1000, 3)")
+      p50[$target]+=" ${r50[$target]}"; p99[$target]+=" ${r99[$target]}"
+    done
+    add50+=" $(python3 -c "print(round(${r50[sluice]} - ${r50[direct]}, 3))")"
+    add99+=" $(python3 -c "print(round(${r99[sluice]} - ${r99[direct]}, 3))")"
   done
-  add50=$(python3 -c "print(round(${p50[sluice]} - ${p50[direct]}, 3))")
-  add99=$(python3 -c "print(round(${p99[sluice]} - ${p99[direct]}, 3))")
-  echo "| $payload | $mode | ${p50[direct]} ms | ${p50[sluice]} ms | ${p50[nginx]} ms | ${p99[direct]} ms | ${p99[sluice]} ms | ${p99[nginx]} ms | $add50 ms | $add99 ms |"
+  echo "| $payload | $mode | $(median ${p50[direct]}) ms | $(median ${p50[sluice]}) ms | $(median ${p50[nginx]}) ms | $(median ${p99[direct]}) ms | $(median ${p99[sluice]}) ms | $(median ${p99[nginx]}) ms | $(median $add50) ms ($(spread $add50)) | $(median $add99) ms ($(spread $add99)) |"
 done; done
 fi
 

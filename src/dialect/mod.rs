@@ -204,7 +204,7 @@ pub(crate) fn span_in(whole: &str, raw: &str) -> Span {
 
 /// The [`crate::projection::ToolResult::digest`] of a tool result's content.
 pub(crate) fn digest(content: &str) -> u128 {
-    xxhash_rust::xxh3::xxh3_128_with_seed(content.as_bytes(), resume::seed())
+    twox_hash::XxHash3_128::oneshot_with_seed(resume::seed(), content.as_bytes())
 }
 
 /// A string field that may be absent; borrowed when it has no escapes ([`crate::json::Str`]).

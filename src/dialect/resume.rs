@@ -45,8 +45,11 @@ pub(super) fn seed() -> u64 {
     *SEED
 }
 
+/// XXH3 by twox-hash, which picks AVX2 at run time where the CPU has it: half the
+/// instructions of xxhash-rust's SSE2 build on a 200 KB body (callgrind, docs/runtime.md). The
+/// hashes here, keyed by a per-process seed, never leave the process.
 fn hash(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(bytes, seed())
+    twox_hash::XxHash3_64::oneshot_with_seed(seed(), bytes)
 }
 
 /// The hashes of `text`'s whole blocks.
@@ -340,7 +343,7 @@ impl Default for Resumes {
 impl Resumes {
     fn key(dialect: Dialect, body: &str) -> u64 {
         let head = body.as_bytes().get(..KEY_BYTES).unwrap_or(body.as_bytes());
-        xxhash_rust::xxh3::xxh3_64_with_seed(head, seed() ^ dialect as u64)
+        twox_hash::XxHash3_64::oneshot_with_seed(seed() ^ dialect as u64, head)
     }
 }
 
