@@ -140,7 +140,10 @@ impl Memos for Memo {
     }
 
     fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
-        let key = self.key(tenant, &[&(k as u64).to_le_bytes(), part.get().as_bytes()]);
+        // The part (a base64 image, often megabytes) is hashed on its own by twox-hash's XXH3,
+        // which runs on AVX2 where the CPU has it; the short rest by the streaming one.
+        let content = twox_hash::XxHash3_128::oneshot_with_seed(self.seed, part.get().as_bytes());
+        let key = self.key(tenant, &[&(k as u64).to_le_bytes(), &content.to_le_bytes()]);
         self.users
             .get_with(key, || Fresh.user_image(part, k, tenant))
     }
@@ -170,7 +173,7 @@ impl Memos for Memo {
         max_bytes: u64,
     ) -> Result<Checked, Refusal> {
         let key = (
-            xxhash_rust::xxh3::xxh3_128_with_seed(&image.bytes, self.seed),
+            twox_hash::XxHash3_128::oneshot_with_seed(self.seed, &image.bytes),
             max_dimension,
             max_bytes,
         );
