@@ -7,6 +7,8 @@
 #      proxy process (sluice, or nginx's workers) and sluice's peak RSS.
 # For a small chat request and a ~200 KB agent request with 30 tool turns, streamed and not.
 # The mock is nginx returning a fixed answer (JSON, or SSE when the x-mock-stream header is set).
+# Each cell of (a) and (b) also prints the host's steal time while it ran (the CPU time this
+# virtual machine's host gave to others), so a noisy cell can be told from a slow sluice.
 #  (c) PARTS=balance: connection patterns (1/2/8/64, and "1+8": one saturating connection beside
 #      eight light ones at 200 req/s in all) per balancing design, with per-thread CPU shares
 #      (BALANCES, BAL_PAYLOAD, BAL_MODE choose what runs). Design `keep` is `least` with
@@ -128,6 +130,11 @@ run() { # target payload mode [extra oha args...] -> oha JSON on stdout
   oha --no-tui --output-format json -z "${SECONDS_EACH}s" -m POST -T application/json -D "$file" \
     "${hdr[@]}" "$@" "$(url "$target")/v1/chat/completions"
 }
+# The host's CPU time stolen by other guests (/proc/stat's steal), and all of it: "steal total".
+# A cell run while the host was taking time away is noisy for every target, and says so.
+host_ticks() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+# Steal between two host_ticks snapshots, as a percentage of the time that passed.
+steal_pct() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(round(100 * (int(b[0]) - int(a[0])) / max(int(b[1]) - int(a[1]), 1), 1))" "$1" "$2"; }
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 cat > "$work/post.lua" <<'LUA'
 local f = io.open(os.getenv("BODY"), "rb"); local body = f:read("*a"); f:close()
@@ -175,13 +182,13 @@ median() { python3 -c "import statistics,sys; print(round(statistics.median(map(
 spread() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(f'{min(v):.3f} to {max(v):.3f}')" "$@"; }
 echo "latency at $RATE req/s, 50 connections, $LAT_ROUNDS rounds of ${SECONDS_EACH} s per target (medians):"
 echo
-echo "| payload | mode | p50 direct | p50 sluice | p50 nginx | p99 direct | p99 sluice | p99 nginx | added p50 (range) | added p99 (range) |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| payload | mode | p50 direct | p50 sluice | p50 nginx | p99 direct | p99 sluice | p99 nginx | added p50 (range) | added p99 (range) | host steal |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 if [[ " $PARTS " == *" latency "* ]]; then
 for payload in $PAYLOADS; do for mode in $MODES; do
   declare -A p50 p99
   for target in direct sluice nginx; do p50[$target]=""; p99[$target]=""; done
-  add50="" add99=""
+  add50="" add99="" h0=$(host_ticks)
   for _ in $(seq "$LAT_ROUNDS"); do
     declare -A r50 r99
     for target in direct sluice nginx; do
@@ -195,16 +202,17 @@ for payload in $PAYLOADS; do for mode in $MODES; do
     add50+=" $(python3 -c "print(round(${r50[sluice]} - ${r50[direct]}, 3))")"
     add99+=" $(python3 -c "print(round(${r99[sluice]} - ${r99[direct]}, 3))")"
   done
-  echo "| $payload | $mode | $(median ${p50[direct]}) ms | $(median ${p50[sluice]}) ms | $(median ${p50[nginx]}) ms | $(median ${p99[direct]}) ms | $(median ${p99[sluice]}) ms | $(median ${p99[nginx]}) ms | $(median $add50) ms ($(spread $add50)) | $(median $add99) ms ($(spread $add99)) |"
+  echo "| $payload | $mode | $(median ${p50[direct]}) ms | $(median ${p50[sluice]}) ms | $(median ${p50[nginx]}) ms | $(median ${p99[direct]}) ms | $(median ${p99[sluice]}) ms | $(median ${p99[nginx]}) ms | $(median $add50) ms ($(spread $add50)) | $(median $add99) ms ($(spread $add99)) | $(steal_pct "$h0" "$(host_ticks)") % |"
 done; done
 fi
 
 echo
-echo "| payload | mode | req/s direct | req/s sluice | req/s nginx | sluice / nginx | CPU ms/req sluice | CPU ms/req nginx | CPU ratio |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| payload | mode | req/s direct | req/s sluice | req/s nginx | sluice / nginx | CPU ms/req sluice | CPU ms/req nginx | CPU ratio | host steal |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 if [[ " $PARTS " == *" throughput "* ]]; then
 for payload in $PAYLOADS; do for mode in $MODES; do
   declare -A rps cpr
+  h0=$(host_ticks)
   for target in direct sluice nginx; do
     ps=$(pids "$target")
     before=$( [ -n "$ps" ] && cpu $ps || echo 0)
@@ -215,7 +223,7 @@ for payload in $PAYLOADS; do for mode in $MODES; do
   done
   ratio=$(python3 -c "print(round(${rps[sluice]} / ${rps[nginx]}, 2))")
   cratio=$(python3 -c "print(round(${cpr[sluice]} / max(${cpr[nginx]}, 1e-9), 2))")
-  echo "| $payload | $mode | ${rps[direct]} | ${rps[sluice]} | ${rps[nginx]} | $ratio | ${cpr[sluice]} | ${cpr[nginx]} | $cratio |"
+  echo "| $payload | $mode | ${rps[direct]} | ${rps[sluice]} | ${rps[nginx]} | $ratio | ${cpr[sluice]} | ${cpr[nginx]} | $cratio | $(steal_pct "$h0" "$(host_ticks)") % |"
 done; done
 fi
 
