@@ -46,8 +46,9 @@ impl Turn {
 /// of the body is read and dropped (so the client can read the answer). A single-chunk body is
 /// kept without a copy; a longer one is copied into one buffer as it arrives (sized by its
 /// `content-length`), so the body never takes twice its size. `as_text`: a body long enough
-/// to be read from an earlier turn's trail is checked as UTF-8 and hashed chunk by chunk while
-/// each is in hand ([`Receiving`]); reading its view later costs no pass over cold bytes.
+/// to be read from an earlier turn's trail has its blocks hashed, and from a second chunk on is
+/// checked as UTF-8, while each chunk is in hand ([`Receiving`]); reading its view later costs
+/// no pass over cold bytes.
 pub(super) async fn read_body(
     mut incoming: Incoming,
     headers: &http::HeaderMap,
@@ -137,7 +138,7 @@ pub(super) async fn read_body(
             }
         }
         if let Some(text) = &mut text {
-            text.push(&data);
+            text.push(data);
             continue;
         }
         match first.take() {
