@@ -28,14 +28,20 @@ const SHRINK_MEMO_BYTES: u64 = 32 * 1024 * 1024;
 /// bytes an entry, so a million fragments, far more than the live sessions of a gateway hold.
 const TOKEN_MEMO_ENTRIES: u64 = 1 << 20;
 
+/// A memo's cache. Its keys are already hashes, seeded per process, so the cache's own hash
+/// need only spread them: foldhash's, not moka's default SipHash, which took a third of a
+/// lookup's instructions, and an agent's turn makes one lookup per tool result of its history
+/// (callgrind, docs/runtime.md).
+type Cache<K, V> = moka::sync::Cache<K, V, foldhash::fast::RandomState>;
+
 pub struct Memo {
-    pages: moka::sync::Cache<u128, Memoized>,
-    extracted: moka::sync::Cache<u128, Option<Arc<Extracted>>>,
-    users: moka::sync::Cache<u128, Option<Arc<Item>>>,
-    shrunk: moka::sync::Cache<(u128, u32, u64), Result<Checked, Refusal>>,
+    pages: Cache<u128, Memoized>,
+    extracted: Cache<u128, Option<Arc<Extracted>>>,
+    users: Cache<u128, Option<Arc<Item>>>,
+    shrunk: Cache<(u128, u32, u64), Result<Checked, Refusal>>,
     /// Compiled `tool_lifetimes` globs (compiling one costs far more than matching it).
     globs: moka::sync::Cache<String, Option<globset::GlobMatcher>>,
-    tokens: moka::sync::Cache<u128, u64>,
+    tokens: Cache<u128, u64>,
     /// Per process: the memo never leaves it, and a random seed keeps its keys unguessable.
     seed: u64,
 }
@@ -61,7 +67,7 @@ impl Memo {
                 .max_capacity(PAGE_MEMO_BYTES)
                 .time_to_live(ttl / 2)
                 .weigher(|_, v: &Memoized| weight(v.as_ref().map_or(0, Bytes::len)))
-                .build(),
+                .build_with_hasher(Default::default()),
             extracted: moka::sync::Cache::builder()
                 .max_capacity(EXTRACT_MEMO_BYTES)
                 .time_to_live(ttl / 2)
@@ -70,23 +76,23 @@ impl Memo {
                         e.text.len() + e.items.iter().map(item_bytes).sum::<usize>()
                     }))
                 })
-                .build(),
+                .build_with_hasher(Default::default()),
             users: moka::sync::Cache::builder()
                 .max_capacity(EXTRACT_MEMO_BYTES / 2)
                 .time_to_live(ttl / 2)
                 .weigher(|_, v: &Option<Arc<Item>>| weight(v.as_deref().map_or(0, item_bytes)))
-                .build(),
+                .build_with_hasher(Default::default()),
             shrunk: moka::sync::Cache::builder()
                 .max_capacity(SHRINK_MEMO_BYTES)
                 .weigher(|_, v: &Result<Checked, Refusal>| {
                     weight(v.as_ref().map_or(0, |c| c.bytes.len()))
                 })
-                .build(),
+                .build_with_hasher(Default::default()),
             globs: moka::sync::Cache::new(1024),
             tokens: moka::sync::Cache::builder()
                 .max_capacity(TOKEN_MEMO_ENTRIES)
                 .time_to_idle(ttl / 2)
-                .build(),
+                .build_with_hasher(Default::default()),
             seed: uuid::Uuid::new_v4().as_u64_pair().0,
         }
     }
@@ -96,13 +102,25 @@ impl Memo {
         self.pages.insert(key, value);
     }
 
+    /// The key of `parts` for `tenant`: XXH3 over the tenant's key and the parts. In one shot
+    /// over a stack buffer when they fit, as every key here does (the streaming hasher's setup
+    /// cost more than hashing 48 bytes); the same value either way.
     fn key(&self, tenant: &Tenant, parts: &[&[u8]]) -> u128 {
-        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
-        h.update(tenant.key());
-        for part in parts {
-            h.update(part);
+        let mut buf = [0u8; 128];
+        let mut len = 0;
+        for part in std::iter::once(&tenant.key()[..]).chain(parts.iter().copied()) {
+            match buf.get_mut(len..len + part.len()) {
+                Some(slot) => slot.copy_from_slice(part),
+                None => {
+                    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
+                    h.update(tenant.key());
+                    parts.iter().for_each(|part| h.update(part));
+                    return h.digest128();
+                }
+            }
+            len += part.len();
         }
-        h.digest128()
+        xxhash_rust::xxh3::xxh3_128_with_seed(buf.get(..len).unwrap_or_default(), self.seed)
     }
 }
 
@@ -179,5 +197,31 @@ impl Memos for Memo {
         );
         self.shrunk
             .get_with(key, || Fresh.shrink(image, max_dimension, max_bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key made in one shot is the key the streaming hasher makes, for parts that fit the
+    /// buffer and parts that do not.
+    #[test]
+    fn a_key_is_the_xxh3_of_the_tenant_key_and_its_parts() {
+        let memo = Memo::default();
+        let tenant = Tenant::anonymous();
+        let long = vec![7u8; 300];
+        for parts in [
+            vec![&b"digest-16-bytes!"[..]],
+            vec![&b"12345678"[..], &b"a content digest"[..]],
+            vec![&long[..]],
+            vec![&[][..]],
+        ] {
+            let mut h = xxhash_rust::xxh3::Xxh3::with_seed(memo.seed);
+            h.update(tenant.key());
+            parts.iter().for_each(|part| h.update(part));
+            assert_eq!(memo.key(&tenant, &parts), h.digest128());
+        }
+        assert_ne!(memo.key(&tenant, &[b"a"]), memo.key(&tenant, &[b"b"]));
     }
 }

@@ -3,13 +3,18 @@
 //! (`super::resume`) can take what an earlier body's reading gathered before a mark.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
 use super::resume::{at, Piece};
 use super::{digest, span_of};
 use crate::projection::{Raw, Span, ToolResult, UserImage};
+
+/// The tool calls' names by id, as a reading meets them. foldhash, seeded per map: a third of
+/// std's SipHash per id, and the ids are the request's own (a client can slow only its own
+/// reading, within its body's bytes).
+pub(super) type Names<'a> =
+    std::collections::HashMap<Cow<'a, str>, Cow<'a, str>, foldhash::fast::RandomState>;
 
 /// A tool result, by span.
 #[derive(Debug, Clone)]
@@ -63,7 +68,7 @@ impl Gathered {
     pub fn call<'a>(
         &mut self,
         body: &'a str,
-        names: &mut HashMap<Cow<'a, str>, Cow<'a, str>>,
+        names: &mut Names<'a>,
         id: Cow<'a, str>,
         name: Cow<'a, str>,
     ) {
@@ -76,7 +81,7 @@ impl Gathered {
     pub fn result<'a>(
         &mut self,
         body: &'a str,
-        names: &HashMap<Cow<'a, str>, Cow<'a, str>>,
+        names: &Names<'a>,
         item: usize,
         id: &str,
         content: &RawValue,
@@ -96,7 +101,7 @@ impl Gathered {
     }
 
     /// The tool calls' names by id, as the reading had them (a later call of an id names it).
-    pub fn names<'a>(&self, body: &'a str) -> HashMap<Cow<'a, str>, Cow<'a, str>> {
+    pub fn names<'a>(&self, body: &'a str) -> Names<'a> {
         self.calls
             .iter()
             .map(|(id, name)| (id.text(body), name.text(body)))

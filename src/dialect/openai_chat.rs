@@ -2,12 +2,11 @@
 //! `image_url` parts of `user` messages are user images.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::gathered::Gathered;
+use super::gathered::{Gathered, Names};
 use super::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
 use super::{count, elements, span_in, span_of, Dialect, Text};
 use crate::projection::{Raw, RequestView, Span};
@@ -126,7 +125,7 @@ pub(super) struct Reading<'a> {
     body: &'a str,
     top: Top,
     found: Found,
-    names: HashMap<Cow<'a, str>, Cow<'a, str>>,
+    names: Names<'a>,
 }
 
 impl<'a> Reading<'a> {
@@ -135,7 +134,7 @@ impl<'a> Reading<'a> {
             body,
             top: Top::default(),
             found: Found::default(),
-            names: HashMap::new(),
+            names: Names::default(),
         }
     }
 

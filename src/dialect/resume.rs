@@ -363,7 +363,9 @@ pub(super) fn at(body: &str, span: Span) -> &str {
 
 /// The trails of a first-bytes key, the newest first: conversations that start alike (an agent's
 /// sub-agents, with one system prompt) each keep theirs.
-pub(super) type Table<F> = moka::sync::Cache<u64, Arc<Vec<Arc<Trail<F>>>>>;
+/// Keyed by a seeded hash already, so spread by foldhash rather than SipHash (as the memos).
+pub(super) type Table<F> =
+    moka::sync::Cache<u64, Arc<Vec<Arc<Trail<F>>>>, foldhash::fast::RandomState>;
 
 /// What a dialect's trail keeps ([`Walk::Found`]): its size for the table, and its table.
 pub(super) trait Kept: Sized + Send + Sync + 'static {
@@ -395,7 +397,7 @@ fn table<F: Kept>() -> Table<F> {
             u32::try_from(bytes).unwrap_or(u32::MAX)
         })
         .time_to_idle(IDLE)
-        .build()
+        .build_with_hasher(Default::default())
 }
 
 impl Default for Resumes {

@@ -2,12 +2,11 @@
 //! the view built from them, whole or walked from an earlier body's trail (`super::super::resume`).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
 use super::{Content, Message, Metadata, Request};
-use crate::dialect::gathered::Gathered;
+use crate::dialect::gathered::{Gathered, Names};
 use crate::dialect::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
 use crate::dialect::{count, span_of, Dialect, Text};
 use crate::projection::{Raw, RequestView, Span};
@@ -104,7 +103,7 @@ pub(crate) struct Reading<'a> {
     body: &'a str,
     top: Top,
     found: Found,
-    names: HashMap<Cow<'a, str>, Cow<'a, str>>,
+    names: Names<'a>,
 }
 
 impl<'a> Reading<'a> {
@@ -113,7 +112,7 @@ impl<'a> Reading<'a> {
             body,
             top: Top::default(),
             found: Found::default(),
-            names: HashMap::new(),
+            names: Names::default(),
         }
     }
 
