@@ -10,6 +10,7 @@ pub mod completion;
 mod gathered;
 pub mod openai_chat;
 mod openai_responses;
+mod received;
 mod render;
 pub mod resume;
 pub mod sse;
