@@ -106,21 +106,22 @@ impl Memo {
     /// over a stack buffer when they fit, as every key here does (the streaming hasher's setup
     /// cost more than hashing 48 bytes); the same value either way.
     fn key(&self, tenant: &Tenant, parts: &[&[u8]]) -> u128 {
+        let tenant = &tenant.key()[..];
         let mut buf = [0u8; 128];
-        let mut len = 0;
-        for part in std::iter::once(&tenant.key()[..]).chain(parts.iter().copied()) {
-            match buf.get_mut(len..len + part.len()) {
-                Some(slot) => slot.copy_from_slice(part),
-                None => {
-                    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
-                    h.update(tenant.key());
-                    parts.iter().for_each(|part| h.update(part));
-                    return h.digest128();
-                }
-            }
-            len += part.len();
+        let len = tenant.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        if len > buf.len() {
+            let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.seed);
+            std::iter::once(tenant)
+                .chain(parts.iter().copied())
+                .for_each(|p| h.update(p));
+            return h.digest128();
         }
-        xxhash_rust::xxh3::xxh3_128_with_seed(buf.get(..len).unwrap_or_default(), self.seed)
+        let mut at = 0;
+        for part in std::iter::once(tenant).chain(parts.iter().copied()) {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        xxhash_rust::xxh3::xxh3_128_with_seed(&buf[..len], self.seed)
     }
 }
 

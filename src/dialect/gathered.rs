@@ -10,9 +10,9 @@ use super::resume::{at, Piece};
 use super::{digest, span_of};
 use crate::projection::{Raw, Span, ToolResult, UserImage};
 
-/// The tool calls' names by id, as a reading meets them. foldhash, seeded per map: a third of
-/// std's SipHash per id, and the ids are the request's own (a client can slow only its own
-/// reading, within its body's bytes).
+/// The tool calls' names by id, as a reading meets them. foldhash, seeded per map, in place of
+/// std's SipHash: the ids are the request's own, so a client could slow only its own reading,
+/// within its body's bytes.
 pub(super) type Names<'a> =
     std::collections::HashMap<Cow<'a, str>, Cow<'a, str>, foldhash::fast::RandomState>;
 

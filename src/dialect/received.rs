@@ -12,22 +12,48 @@ use super::resume::{blocks_of, hash, BLOCK};
 /// costs no pass over bytes that are no longer in the cache.
 #[derive(Debug, Clone)]
 pub struct Received {
-    pub(super) store: Store,
-    pub(super) blocks: Arc<[u64]>,
+    store: Store,
+    blocks: Arc<[u64]>,
+}
+
+impl Received {
+    /// Its text, when `body` is its very bytes (`None` when it is not): as checked while it
+    /// arrived, or, for a body that came in one chunk, checked now, once (std's check only to
+    /// say where it is not UTF-8).
+    pub(super) fn text_of<'a>(
+        &'a self,
+        body: &[u8],
+    ) -> Option<Result<&'a str, std::str::Utf8Error>> {
+        let bytes = self.store.bytes();
+        if bytes.as_ptr() != body.as_ptr() || bytes.len() != body.len() {
+            return None;
+        }
+        Some(match &self.store {
+            Store::Text(text) => Ok(text.as_str()),
+            Store::Chunk(chunk) => {
+                simdutf8::basic::from_utf8(chunk).or_else(|_| std::str::from_utf8(chunk))
+            }
+        })
+    }
+
+    /// Its blocks' hashes.
+    pub(super) fn blocks(&self) -> Arc<[u64]> {
+        self.blocks.clone()
+    }
 }
 
 /// A [`Received`] body's bytes.
 #[derive(Debug, Clone)]
-pub(super) enum Store {
+enum Store {
     /// Chunks copied into one buffer, checked as UTF-8 as each arrived.
     Text(Arc<String>),
     /// The one chunk the whole body came in, as hyper read it: not copied, and checked as
-    /// UTF-8 when its view is read ([`Text::of`]), right after.
+    /// UTF-8 when its view is read ([`Received::text_of`]), right after.
     Chunk(Bytes),
 }
 
 impl Store {
-    pub(super) fn bytes(&self) -> &[u8] {
+    fn bytes(&self) -> &[u8] {
         match self {
             Store::Text(text) => text.as_bytes(),
             Store::Chunk(bytes) => bytes,

@@ -17,7 +17,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::received::Store;
 pub use super::received::{Received, Receiving};
 use super::{span_in, Dialect};
 use crate::projection::{RequestView, Span};
@@ -131,26 +130,12 @@ impl<'a> Text<'a> {
         body: &'a [u8],
         received: Option<&'a Received>,
     ) -> Result<Text<'a>, std::str::Utf8Error> {
-        match received {
-            Some(r)
-                if r.store.bytes().as_ptr() == body.as_ptr()
-                    && r.store.bytes().len() == body.len() =>
-            {
-                let text = match &r.store {
-                    Store::Text(text) => text.as_str(),
-                    // A body that came in one chunk is checked here, once; std's check only
-                    // to say where it is not UTF-8.
-                    Store::Chunk(bytes) => match simdutf8::basic::from_utf8(bytes) {
-                        Ok(text) => text,
-                        Err(_) => std::str::from_utf8(body)?,
-                    },
-                };
-                Ok(Text {
-                    text,
-                    blocks: r.blocks.clone(),
-                })
-            }
-            _ => {
+        match received.and_then(|r| r.text_of(body).map(|text| (text, r))) {
+            Some((text, r)) => Ok(Text {
+                text: text?,
+                blocks: r.blocks(),
+            }),
+            None => {
                 let text = std::str::from_utf8(body)?;
                 Ok(Text {
                     text,
