@@ -18,24 +18,82 @@ use super::{Body, BODY_GRACE, BODY_MIN_BYTES_PER_SECOND, BODY_ROOM_WAIT};
 /// budget counts reads, not bytes: a client that keeps its socket full (on loopback, or behind
 /// a fast link) is read up to 128 times in one turn, and every other connection of the worker
 /// waits that long. A small request waited 30-60 ms behind a 13 MB upload so (`cargo bench
-/// --bench noisy_neighbour`; docs/runtime.md). 64 KiB is about a socket read's worth: a
-/// 200 KB body yields three times, a few microseconds in all.
+/// --bench noisy_neighbour`; docs/runtime.md). 64 KiB is about a socket read's worth.
 const YIELD_EVERY_BYTES: usize = 64 * 1024;
 
-/// Counts the bytes a reader took in since it last let others run, and yields past
-/// [`YIELD_EVERY_BYTES`].
+/// Counts the bytes a reader took in since it last let others run, and lets them run past
+/// [`YIELD_EVERY_BYTES`] unless the body has ended (a body that came in one chunk never waits).
 #[derive(Default)]
 struct Turn {
     since: usize,
 }
 
 impl Turn {
-    async fn took(&mut self, bytes: usize) {
+    async fn took(&mut self, bytes: usize, ended: bool) {
         self.since += bytes;
-        if self.since >= YIELD_EVERY_BYTES {
+        if self.since >= YIELD_EVERY_BYTES && !ended {
             self.since = 0;
-            tokio::task::yield_now().await;
+            SchedulerTurn::default().await;
         }
+    }
+}
+
+/// Ready only once the worker's scheduler has polled its other work (its sockets included) and
+/// come back to this task. `tokio::task::yield_now` is ready at its second poll, whoever makes
+/// it: hyper polls a request's handler up to 16 times in one turn of its connection's task, so
+/// a reader that yielded with it went on reading in that same turn, and a neighbour's small
+/// request waited up to 100 ms behind a 13 MB upload (docs/runtime.md, "A yield that yields").
+#[derive(Default)]
+struct SchedulerTurn {
+    waiting: Option<Arc<Woken>>,
+}
+
+/// The task's waker, noting that it was called.
+struct Woken {
+    called: std::sync::atomic::AtomicBool,
+    task: std::task::Waker,
+}
+
+impl std::task::Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.called
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.task.wake_by_ref();
+    }
+}
+
+impl std::future::Future for SchedulerTurn {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        use std::task::Poll;
+        if let Some(woken) = &self.waiting {
+            return if woken.called.load(std::sync::atomic::Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            };
+        }
+        let woken = Arc::new(Woken {
+            called: false.into(),
+            task: cx.waker().clone(),
+        });
+        // tokio's yield hands our waker to the scheduler, which calls it after it has looked at
+        // the worker's sockets and run what they woke.
+        let waker = std::task::Waker::from(woken.clone());
+        let mut yielded = std::pin::pin!(tokio::task::yield_now());
+        let _ = yielded
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker));
+        self.waiting = Some(woken);
+        Poll::Pending
     }
 }
 
@@ -118,7 +176,8 @@ pub(super) async fn read_body(
             continue; // trailers
         };
         total += data.len() as u64;
-        turn.took(data.len()).await;
+        turn.took(data.len(), http_body::Body::is_end_stream(&incoming))
+            .await;
         if total > limit {
             drain(incoming).await;
             return Err(GatewayError::BodyTooLarge { limit });
@@ -222,7 +281,8 @@ async fn drain_within(mut incoming: Incoming, max: u64, time: Duration) {
         while let Some(Ok(frame)) = incoming.frame().await {
             let bytes = frame.data_ref().map_or(0, bytes::Buf::remaining);
             dropped += bytes as u64;
-            turn.took(bytes).await;
+            turn.took(bytes, http_body::Body::is_end_stream(&incoming))
+                .await;
             if dropped > max {
                 break;
             }
@@ -249,4 +309,34 @@ pub(super) fn full(bytes: Bytes) -> Body {
     Full::new(bytes)
         .map_err(|never| match never {})
         .boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::Poll;
+
+    use super::SchedulerTurn;
+
+    /// hyper polls a handler several times in one turn of its connection's task; a reader's
+    /// turn must stay pending through those polls, and end only after the worker ran the rest.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_turn_ends_only_after_the_scheduler_ran_the_other_tasks() {
+        let neighbour_ran = Arc::new(AtomicBool::new(false));
+        let ran = neighbour_ran.clone();
+        tokio::spawn(async move { ran.store(true, Ordering::Relaxed) });
+        let mut turn = std::pin::pin!(SchedulerTurn::default());
+        std::future::poll_fn(|cx| {
+            for _ in 0..16 {
+                assert!(turn.as_mut().poll(cx).is_pending(), "ready within one poll");
+            }
+            Poll::Ready(())
+        })
+        .await;
+        assert!(!neighbour_ran.load(Ordering::Relaxed));
+        turn.await;
+        assert!(neighbour_ran.load(Ordering::Relaxed));
+    }
 }
