@@ -326,7 +326,9 @@ mod tests {
     async fn a_turn_ends_only_after_the_scheduler_ran_the_other_tasks() {
         let neighbour_ran = Arc::new(AtomicBool::new(false));
         let ran = neighbour_ran.clone();
-        tokio::spawn(async move { ran.store(true, Ordering::Relaxed) });
+        let neighbours = tokio_util::task::TaskTracker::new();
+        neighbours.spawn(async move { ran.store(true, Ordering::Relaxed) });
+        neighbours.close();
         let mut turn = std::pin::pin!(SchedulerTurn::default());
         std::future::poll_fn(|cx| {
             for _ in 0..16 {
@@ -338,5 +340,6 @@ mod tests {
         assert!(!neighbour_ran.load(Ordering::Relaxed));
         turn.await;
         assert!(neighbour_ran.load(Ordering::Relaxed));
+        neighbours.wait().await;
     }
 }
