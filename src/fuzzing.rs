@@ -83,6 +83,7 @@ pub fn request(data: &[u8]) {
         policy: route.policy(&route.read_tool),
         memo: &memo,
         state: &state,
+        now_ms: 0,
     };
     let projection = projection::project(&view, &ctx);
     drop(view);

@@ -103,6 +103,14 @@ pub struct Metrics {
     /// Input tokens the provider reported, by route and kind (uncached, cached,
     /// cache_creation).
     pub provider_input_tokens_total: IntCounterVec,
+    /// Input tokens of completed requests as the exact cache model bills them, by route, side
+    /// (`received`, `forwarded`) and kind (`read`, `write`, `uncached`).
+    pub cache_tokens_total: IntCounterVec,
+    /// Forwarded requests that found less of their history in the cache than the previous
+    /// request left there, by route and cause (`ttl`, `client`, `sluice`).
+    pub cache_breaks_total: IntCounterVec,
+    /// History edits sluice put off because they would not pay back yet (docs/cache.md).
+    pub deferred_edits_total: IntCounterVec,
     /// Turn records dropped: the inspector's queue was full or its store failed.
     pub inspector_dropped_total: IntCounter,
     /// Audio items in tool results by outcome (`placeholder`, `refused`) and reason.
@@ -336,6 +344,30 @@ impl Metrics {
             ),
             &["route", "kind"],
         )?;
+        let cache_tokens_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_cache_tokens_total",
+                "Input tokens of completed requests as the provider's prompt cache bills them, by side and kind (read, write, uncached).",
+            ),
+            &["route", "side", "kind"],
+        )?;
+        let cache_breaks_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_cache_breaks_total",
+                "Forwarded requests that lost cached history, by cause (ttl, client, sluice).",
+            ),
+            &["route", "cause"],
+        )?;
+        let deferred_edits_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_deferred_edits_total",
+                "History edits put off while the provider's cache is warm and the edit would not pay back yet.",
+            ),
+            &["route"],
+        )?;
+        registry.register(Box::new(cache_tokens_total.clone()))?;
+        registry.register(Box::new(cache_breaks_total.clone()))?;
+        registry.register(Box::new(deferred_edits_total.clone()))?;
         let inspector_dropped_total = IntCounter::new(
             "sluice_inspector_dropped_total",
             "Turn records dropped (inspector queue full or store failure).",
@@ -403,6 +435,9 @@ impl Metrics {
             input_tokens_total,
             input_cost_tokens_total,
             provider_input_tokens_total,
+            cache_tokens_total,
+            cache_breaks_total,
+            deferred_edits_total,
             inspector_dropped_total,
             audio_total,
             view_bytes_total,

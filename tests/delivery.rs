@@ -65,6 +65,18 @@ fn config(mock: &MockUpstream, extra: &str) -> String {
     )
 }
 
+/// [`config`] with A4's pruning as written (`policy = "eager"`) and no breakpoints of sluice's:
+/// for the tests of A4 and A8 themselves; docs/cache.md has when the economic policy prunes.
+fn eager(mock: &MockUpstream, extra: &str) -> String {
+    format!(
+        "{}\n[routes.images]\n{extra}\n",
+        common::on_every_route(
+            &config_for(&mock.base_url(), ""),
+            "cache.policy = \"eager\"\ncache.breakpoints = \"off\""
+        )
+    )
+}
+
 #[tokio::test]
 async fn once_shows_an_image_in_exactly_one_successful_response_a3() {
     let mock = MockUpstream::start();
@@ -192,7 +204,7 @@ async fn state_survives_a_restart_s1() {
 #[tokio::test]
 async fn recent_prunes_in_batches_over_eight_screenshot_turns_a4() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&config(&mock, "recent_count = 3\nprune_batch = 2"));
+    let sluice = Sluice::start(&eager(&mock, "recent_count = 3\nprune_batch = 2"));
     let mut shown = Vec::new();
     for turn in 1..=8 {
         post(
@@ -382,7 +394,7 @@ async fn idle_sessions_and_artifacts_expire_s2() {
 #[tokio::test]
 async fn thirty_turns_stay_byte_stable_between_lifetime_events_a8() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&config(&mock, "recent_count = 3\nprune_batch = 2"));
+    let sluice = Sluice::start(&eager(&mock, "recent_count = 3\nprune_batch = 2"));
     let mut previous: Option<Vec<u8>> = None;
     let mut stable = 0;
     for turn in 1..=30 {

@@ -539,9 +539,13 @@ async fn every_path_records_its_metrics_o2() {
     // take its path (streamed and not); with the tool off they take the plain relay. Turns 4
     // and 6 prune two images each, on either path.
     let upstream = format!("upstream = \"{}\"", mock.base_url());
-    let no_tool = config_for(&mock.base_url(), "")
-        .replace(&upstream, &format!("{upstream}\nmax_read_steps = 0"));
-    for (config, read_path) in [(config_for(&mock.base_url(), ""), true), (no_tool, false)] {
+    // A4's batches as written (docs/cache.md: the economic policy would keep these tiny images).
+    let eager = common::on_every_route(
+        &config_for(&mock.base_url(), ""),
+        "cache.policy = \"eager\"",
+    );
+    let no_tool = eager.replace(&upstream, &format!("{upstream}\nmax_read_steps = 0"));
+    for (config, read_path) in [(eager.clone(), true), (no_tool, false)] {
         let sluice = Sluice::start(&config);
         let commit = "sluice_store_seconds_count{backend=\"embedded\",op=\"commit\"}";
         let mut turns = 0.0;

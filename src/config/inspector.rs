@@ -87,6 +87,9 @@ pub struct PriceConfig {
     pub cache_read: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<f64>,
+    /// A token written under a one-hour breakpoint (Anthropic's 2×).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_cached_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,6 +108,25 @@ impl PriceConfig {
 }
 
 impl Prices {
+    /// The exact cache model's prices for `model` on `dialect`: the published ones for that
+    /// model (`projection::cache::Rates::published`), with any key the config sets in their
+    /// place.
+    pub fn rates(&self, dialect: Dialect, model: &str) -> crate::projection::cache::Rates {
+        use crate::projection::cache::{Provider, Rates};
+        let (provider, over) = match dialect {
+            Dialect::AnthropicMessages => (Provider::Anthropic, self.anthropic),
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => (Provider::OpenAi, self.openai),
+        };
+        let base = Rates::published(provider, model);
+        Rates {
+            read: over.cache_read.unwrap_or(base.read),
+            write_short: over.cache_write.unwrap_or(base.write_short),
+            write_long: over.cache_write_1h.unwrap_or(base.write_long),
+            min_tokens: over.min_cached_tokens.unwrap_or(base.min_tokens),
+            ttl_seconds: over.cache_ttl_seconds.or(base.ttl_seconds),
+        }
+    }
+
     pub fn of(&self, dialect: Dialect) -> Price {
         match dialect {
             Dialect::AnthropicMessages => self.anthropic.over(Price::ANTHROPIC),
@@ -115,7 +137,11 @@ impl Prices {
     /// Multipliers are non-negative; `key` is where these prices sit in the config.
     pub fn check(&self, key: &str) -> Result<(), String> {
         for (name, p) in [("anthropic", self.anthropic), ("openai", self.openai)] {
-            for (field, v) in [("cache_read", p.cache_read), ("cache_write", p.cache_write)] {
+            for (field, v) in [
+                ("cache_read", p.cache_read),
+                ("cache_write", p.cache_write),
+                ("cache_write_1h", p.cache_write_1h),
+            ] {
                 if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
                     return Err(format!("{key}.prices.{name}.{field}"));
                 }

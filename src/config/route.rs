@@ -32,6 +32,7 @@ pub struct RouteConfig {
     pub audio: AudioConfig,
     pub tool_lifetimes: BTreeMap<String, Lifetime>,
     pub context: ContextConfig,
+    pub cache: crate::projection::policy::CacheLimits,
 }
 
 impl Default for RouteConfig {
@@ -51,6 +52,7 @@ impl Default for RouteConfig {
             audio: AudioConfig::default(),
             tool_lifetimes: BTreeMap::from([("*screenshot*".to_string(), Lifetime::Recent)]),
             context: ContextConfig::default(),
+            cache: Default::default(),
         }
     }
 }
@@ -67,6 +69,7 @@ impl RouteConfig {
             read_tool,
             tool_lifetimes: &self.tool_lifetimes,
             context: &self.context,
+            cache: &self.cache,
         }
     }
 

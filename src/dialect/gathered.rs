@@ -8,6 +8,7 @@ use serde_json::value::RawValue;
 
 use super::resume::{at, Piece};
 use super::{digest, span_of};
+use crate::projection::edits::Slot;
 use crate::projection::{Raw, Span, ToolResult, UserImage};
 
 /// The tool calls' names by id, as a reading meets them. foldhash, seeded per map, in place of
@@ -24,6 +25,7 @@ struct Noted {
     tool_name: Option<Piece>,
     span: Span,
     digest: u128,
+    slot: Option<Slot>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -77,7 +79,8 @@ impl Gathered {
         names.insert(id, name);
     }
 
-    /// A tool result of item number `item`, named by the call of its id seen so far.
+    /// A tool result of item number `item`, named by the call of its id seen so far; `slot`
+    /// where its block could carry a cache breakpoint (Anthropic).
     pub fn result<'a>(
         &mut self,
         body: &'a str,
@@ -85,6 +88,7 @@ impl Gathered {
         item: usize,
         id: &str,
         content: &RawValue,
+        slot: Option<Slot>,
     ) {
         self.results.push(Noted {
             item,
@@ -92,6 +96,7 @@ impl Gathered {
             tool_name: names.get(id).map(|n| Piece::of(body, n)),
             span: span_of(body, content),
             digest: digest(content.get()),
+            slot,
         });
     }
 
@@ -118,6 +123,7 @@ impl Gathered {
                 content: Raw::read_before(at(body, k.span)),
                 span: k.span,
                 digest: k.digest,
+                slot: k.slot,
             })
             .collect()
     }

@@ -157,7 +157,9 @@ impl<'a> Reading<'a> {
             }
             Some("tool") => {
                 if let (Some(id), Some(raw)) = (&message.tool_call_id, message.content) {
-                    self.found.gathered.result(body, &self.names, item, id, raw);
+                    self.found
+                        .gathered
+                        .result(body, &self.names, item, id, raw, None);
                 }
             }
             Some("user") => {

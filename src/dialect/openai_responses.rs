@@ -164,7 +164,7 @@ impl<'a> Reading<'a> {
                 if let (Some(id), Some(output)) = (&item.call_id, item.output) {
                     self.found
                         .gathered
-                        .result(body, &self.names, index, id, output);
+                        .result(body, &self.names, index, id, output, None);
                 }
             }
             (None | Some("message"), Some("user")) => {

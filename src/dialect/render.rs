@@ -58,6 +58,29 @@ impl Shapes for Dialect {
         *self == Dialect::AnthropicMessages
     }
 
+    fn cache_provider(&self) -> crate::projection::cache::Provider {
+        match self {
+            Dialect::AnthropicMessages => crate::projection::cache::Provider::Anthropic,
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => {
+                crate::projection::cache::Provider::OpenAi
+            }
+        }
+    }
+
+    fn block_breakpoint(&self) -> &'static str {
+        match self {
+            Dialect::AnthropicMessages => r#","cache_control":{"type":"ephemeral"}"#,
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => "",
+        }
+    }
+
+    fn top_breakpoint(&self) -> &'static str {
+        match self {
+            Dialect::AnthropicMessages => r#""cache_control":{"type":"ephemeral"},"#,
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => "",
+        }
+    }
+
     fn image_part(&self, image: &ImageRef<'_>, extras: Option<&Extras>) -> Rope {
         let (outer, inner) = extras.map_or(("", ""), |x| (x.outer.as_str(), x.inner.as_str()));
         let url = || match image {

@@ -1,8 +1,9 @@
-//! Prefix chains and the cache-weighted cost of a request (docs/inspector.md). A provider's
-//! prompt cache serves the longest prefix a request shares with one it saw recently, in its
-//! own order: tools, then the system prompt, then the messages. A chain is that order cut at
-//! each of those parts, with a running hash and the tokens of each part, so two requests'
-//! shared prefix is found without keeping either body.
+//! Prefix chains and what a provider bills for a request (docs/inspector.md). A provider's
+//! prompt cache works on a request's blocks in its own order: tools, then the system prompt,
+//! then the messages (Anthropic: each content block; OpenAI: each message or input item). A
+//! chain is that order with a running hash and the tokens of each block and the breakpoints the
+//! request marks, so a request is billed by the exact model (`projection::cache`) without
+//! keeping its body.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -10,12 +11,13 @@ use xxhash_rust::xxh3::Xxh3;
 
 pub use crate::config::inspector::Price;
 use crate::dialect::Dialect;
+use crate::projection::cache::{self, Bill, Block, Entries, Provider, Rates, Ttl};
 use crate::tokens::Tokenizer;
 
-/// The longest chain kept: a history of more parts is cut there (its tail counts as one part).
+/// The longest chain kept: a history of more blocks is cut there (its tail counts as one).
 pub const MAX_LINKS: usize = 4096;
 
-/// One part of a request in cache order: the hash of everything up to and including it, and
+/// One block of a request in cache order: the hash of everything up to and including it, and
 /// its own tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link(pub u64, pub u64);
@@ -25,8 +27,9 @@ pub struct Link(pub u64, pub u64);
 pub struct Chain {
     pub at_ms: u64,
     pub links: Vec<Link>,
-    /// The request marks cache breakpoints (Anthropic `cache_control`).
-    pub breakpoints: bool,
+    /// The cache breakpoints the request marks (Anthropic `cache_control`), by link.
+    #[serde(default)]
+    pub marks: Vec<(u32, Ttl)>,
 }
 
 impl Chain {
@@ -43,28 +46,39 @@ impl Chain {
             .map(|(a, _)| a.1)
             .sum()
     }
+
+    /// The blocks as the cache model takes them.
+    pub fn blocks(&self) -> Vec<Block> {
+        let mut blocks: Vec<Block> = self
+            .links
+            .iter()
+            .map(|l| Block {
+                hash: l.0,
+                tokens: l.1,
+                mark: None,
+            })
+            .collect();
+        for &(i, ttl) in &self.marks {
+            if let Some(b) = blocks.get_mut(i as usize) {
+                b.mark = Some(b.mark.map_or(ttl, |t| t.max(ttl)));
+            }
+        }
+        blocks
+    }
 }
 
-/// The cost of sending `now` after `before`, in uncached input tokens, and the tokens the
-/// cache serves. Anthropic caches only where a request marks a breakpoint: without one,
-/// nothing is read or written.
-pub fn cost(dialect: Dialect, price: &Price, now: &Chain, before: Option<&Chain>) -> (f64, u64) {
-    let total = now.tokens();
-    let caching = dialect != Dialect::AnthropicMessages || now.breakpoints;
-    if !caching {
-        return (total as f64, 0);
+/// Whose cache a dialect's requests meet.
+pub fn provider(dialect: Dialect) -> Provider {
+    match dialect {
+        Dialect::AnthropicMessages => Provider::Anthropic,
+        Dialect::OpenAiChat | Dialect::OpenAiResponses => Provider::OpenAi,
     }
-    let fresh =
-        before.filter(|b| now.at_ms.saturating_sub(b.at_ms) <= price.cache_ttl_seconds * 1000);
-    let cached = fresh
-        .map(|b| now.shared(b))
-        .filter(|&n| n >= price.min_cached_tokens)
-        .unwrap_or(0);
-    let uncached = total - cached;
-    (
-        cached as f64 * price.cache_read + uncached as f64 * price.cache_write,
-        cached,
-    )
+}
+
+/// What the provider bills for `now`, its cache holding `entries` (left as the provider
+/// leaves them).
+pub fn bill(dialect: Dialect, rates: &Rates, now: &Chain, entries: &mut Entries) -> Bill {
+    cache::bill(provider(dialect), rates, &now.blocks(), entries, now.at_ms)
 }
 
 #[derive(serde::Deserialize)]
@@ -81,61 +95,165 @@ struct Parts<'a> {
     messages: Option<&'a RawValue>,
     #[serde(borrow)]
     input: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cache_control: Option<&'a RawValue>,
 }
 
-/// A body's parts in cache order: tools, system prompt, each message (or input item). `None`
-/// when it is not a JSON object.
-pub fn parts(body: &[u8]) -> Option<(Vec<&str>, Option<&str>)> {
+#[derive(serde::Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Option<&'a RawValue>,
+    #[serde(borrow)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct Marked<'a> {
+    #[serde(borrow)]
+    cache_control: Option<&'a RawValue>,
+}
+
+/// One block of a body: the text it hashes and counts, what it adds to the hash before its
+/// text (a message's role, at its first block), and whether it marks a breakpoint.
+pub struct Piece<'a> {
+    pub text: &'a str,
+    pub head: &'a str,
+    pub mark: Option<Ttl>,
+}
+
+/// The breakpoint a `cache_control` value asks for.
+fn ttl_of(value: &RawValue) -> Option<Ttl> {
+    #[derive(serde::Deserialize)]
+    struct Control<'a> {
+        #[serde(borrow)]
+        ttl: Option<&'a str>,
+    }
+    let c: Control = serde_json::from_str(value.get()).ok()?;
+    Some(match c.ttl {
+        Some("1h") => Ttl::Long,
+        _ => Ttl::Short,
+    })
+}
+
+/// The breakpoint a block marks.
+fn mark_of(block: &str) -> Option<Ttl> {
+    if !block.contains("\"cache_control\"") {
+        return None;
+    }
+    serde_json::from_str::<Marked>(block)
+        .ok()?
+        .cache_control
+        .and_then(ttl_of)
+}
+
+/// A list's items, or the value itself as one item when it is no list.
+fn items(value: &RawValue) -> Vec<&RawValue> {
+    serde_json::from_str::<Vec<&RawValue>>(value.get()).unwrap_or_else(|_| vec![value])
+}
+
+/// A body's blocks in cache order (Anthropic: tools, system blocks, each message's content
+/// blocks; OpenAI: tools, the system prompt, each message or input item), and its model.
+/// `None` when it is not a JSON object.
+pub fn pieces(dialect: Dialect, body: &[u8]) -> Option<(Vec<Piece<'_>>, Option<&str>)> {
     let p: Parts = serde_json::from_slice(body).ok()?;
+    fn whole(v: &RawValue) -> Piece<'_> {
+        Piece {
+            text: v.get(),
+            head: "",
+            mark: None,
+        }
+    }
     let mut out = Vec::new();
-    out.extend(p.tools.map(RawValue::get));
-    out.extend(p.system.or(p.instructions).map(RawValue::get));
-    for list in [p.messages, p.input].into_iter().flatten() {
-        match serde_json::from_str::<Vec<&RawValue>>(list.get()) {
-            Ok(items) => out.extend(items.into_iter().map(RawValue::get)),
-            Err(_) => out.push(list.get()),
+    if dialect != Dialect::AnthropicMessages {
+        out.extend(p.tools.map(whole));
+        out.extend(p.system.or(p.instructions).map(whole));
+        for list in [p.messages, p.input].into_iter().flatten() {
+            out.extend(items(list).into_iter().map(whole));
+        }
+        return Some((out, p.model.map(RawValue::get)));
+    }
+    fn block(v: &RawValue) -> Piece<'_> {
+        Piece {
+            text: v.get(),
+            head: "",
+            mark: mark_of(v.get()),
+        }
+    }
+    for list in [p.tools, p.system].into_iter().flatten() {
+        out.extend(items(list).into_iter().map(block));
+    }
+    for message in p.messages.map(items).unwrap_or_default() {
+        let Ok(m) = serde_json::from_str::<Message>(message.get()) else {
+            out.push(whole(message));
+            continue;
+        };
+        let role = m.role.map_or("", RawValue::get);
+        let first = out.len();
+        match m.content {
+            Some(c) if c.get().starts_with('[') => out.extend(items(c).into_iter().map(block)),
+            Some(c) => out.push(whole(c)),
+            None => out.push(whole(message)),
+        }
+        if let Some(piece) = out.get_mut(first) {
+            piece.head = role;
+        }
+    }
+    // A top-level marker marks the last block.
+    if let Some(ttl) = p.cache_control.and_then(ttl_of) {
+        if let Some(last) = out.last_mut() {
+            last.mark = Some(last.mark.map_or(ttl, |t| t.max(ttl)));
         }
     }
     Some((out, p.model.map(RawValue::get)))
 }
 
-/// The chain of a body, counting each part with `count` (memoized by the caller).
-pub fn chain(body: &[u8], at_ms: u64, count: &mut dyn FnMut(&str) -> u64) -> Chain {
-    let Some((parts, model)) = parts(body) else {
+/// The chain of a body, counting each block with `count` (memoized by the caller).
+pub fn chain(
+    dialect: Dialect,
+    body: &[u8],
+    at_ms: u64,
+    count: &mut dyn FnMut(&str) -> u64,
+) -> Chain {
+    let Some((pieces, model)) = pieces(dialect, body) else {
         return Chain {
             at_ms,
             links: vec![Link(
                 0,
                 count(std::str::from_utf8(body).unwrap_or_default()),
             )],
-            breakpoints: false,
+            marks: Vec::new(),
         };
     };
     let mut h = Xxh3::new();
     h.update(model.unwrap_or("").as_bytes());
-    let mut links = Vec::with_capacity(parts.len().min(MAX_LINKS));
+    let mut links = Vec::with_capacity(pieces.len().min(MAX_LINKS));
+    let mut marks = Vec::new();
     let mut tail = 0;
-    for (i, part) in parts.iter().enumerate() {
-        let part = without_breakpoints(part);
-        h.update(part.as_bytes());
+    for (i, piece) in pieces.iter().enumerate() {
+        let text = without_breakpoints(piece.text);
+        h.update(piece.head.as_bytes());
+        h.update(b"\x01");
+        h.update(text.as_bytes());
         h.update(b"\0");
-        let n = count(&part);
+        let n = count(&text);
+        if let Some(ttl) = piece.mark {
+            marks.push((i.min(MAX_LINKS - 1) as u32, ttl));
+        }
         if i + 1 < MAX_LINKS {
             links.push(Link(h.digest(), n));
         } else {
             tail += n;
         }
     }
-    if tail > 0 || parts.len() >= MAX_LINKS {
+    if tail > 0 || pieces.len() >= MAX_LINKS {
         links.push(Link(h.digest(), tail));
     }
     Chain {
         at_ms,
         links,
-        breakpoints: memchr::memmem::find(body, b"\"cache_control\"").is_some(),
+        marks,
     }
 }
-
 /// A part as a provider's cache sees it: a `cache_control` marker says where to cache, it is
 /// not content (Claude Code moves its breakpoint to the newest message every turn and still
 /// reads the rest from the cache).
@@ -197,7 +315,11 @@ mod tests {
     use super::*;
 
     fn chain_of(body: &str, at_ms: u64) -> Chain {
-        chain(body.as_bytes(), at_ms, &mut |p| p.len() as u64 * 100)
+        chain(Dialect::OpenAiChat, body.as_bytes(), at_ms, &mut |p| p.len() as u64 * 100)
+    }
+
+    fn anthropic_of(body: &str, at_ms: u64) -> Chain {
+        chain(Dialect::AnthropicMessages, body.as_bytes(), at_ms, &mut |p| p.len() as u64 * 100)
     }
 
     /// An audio file a part carries costs its length at 10 tokens a second (docs/audio.md),
@@ -240,39 +362,52 @@ mod tests {
         assert_eq!(chain_of(&b.replace("\"m\"", "\"n\""), 0).shared(&cb), 0);
     }
 
+    /// Anthropic's blocks: each tool, system block and content block is a position; markers
+    /// (on a block or top-level) are where entries are written, and not content.
     #[test]
-    fn cost_weighs_cached_tokens_and_honours_breakpoints_minimum_and_ttl() {
-        let a = chain_of(
-            r#"{"model":"m","messages":[{"role":"user","content":"aaaaaaaaaaaaaaaaaaaaa"}]}"#,
-            0,
+    fn anthropic_chains_are_blocks_with_their_breakpoints() {
+        let a = r#"{"model":"m","system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}]},{"role":"assistant","content":"c"}]}"#;
+        let c = anthropic_of(a, 0);
+        assert_eq!(c.links.len(), 4);
+        assert_eq!(c.marks, vec![(0, Ttl::Long), (2, Ttl::Short)]);
+        // The same blocks under one top-level marker: same hashes, the mark on the last block.
+        let top = r#"{"model":"m","cache_control":{"type":"ephemeral"},"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":"c"}]}"#;
+        let t = anthropic_of(top, 0);
+        assert_eq!(t.marks, vec![(3, Ttl::Short)]);
+        assert_eq!(t.shared(&c), c.tokens());
+        // A role is part of the hash: the same text from the assistant is another block.
+        let swapped = top.replace(r#""role":"user""#, r#""role":"assistant""#);
+        assert_eq!(anthropic_of(&swapped, 0).shared(&t), t.links[0].1);
+    }
+
+    /// The bill follows the exact model: Anthropic without a breakpoint caches nothing; with
+    /// one it writes there and the next request reads it; OpenAI reads by itself.
+    #[test]
+    fn a_chain_is_billed_by_the_exact_model() {
+        let long = "x".repeat(20);
+        let first = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"text","text":"{long}","cache_control":{{"type":"ephemeral"}}}}]}}]}}"#
         );
-        let b = chain_of(
-            r#"{"model":"m","messages":[{"role":"user","content":"aaaaaaaaaaaaaaaaaaaaa"},{"role":"user","content":"b"}]}"#,
-            1000,
+        let second = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"text","text":"{long}"}}]}},{{"role":"assistant","content":[{{"type":"text","text":"ok","cache_control":{{"type":"ephemeral"}}}}]}}]}}"#
         );
-        let shared = b.shared(&a);
-        assert!(shared >= 1024);
-        let (openai, cached) = cost(Dialect::OpenAiChat, &Price::OPENAI, &b, Some(&a));
-        assert_eq!(cached, shared);
-        let expected = shared as f64 * 0.1 + (b.tokens() - shared) as f64;
-        assert!((openai - expected).abs() < 1e-6);
-        // Anthropic without cache_control: no caching at all.
-        let (anthropic, cached) = cost(Dialect::AnthropicMessages, &Price::ANTHROPIC, &b, Some(&a));
-        assert_eq!((anthropic, cached), (b.tokens() as f64, 0));
-        // Past the cache's lifetime: nothing cached.
-        let late = Chain {
-            at_ms: 3_600_000,
-            ..b.clone()
-        };
-        assert_eq!(
-            cost(Dialect::OpenAiChat, &Price::OPENAI, &late, Some(&a)).1,
-            0
-        );
-        // Below the provider's minimum: nothing cached.
-        let strict = Price {
-            min_cached_tokens: shared + 1,
-            ..Price::OPENAI
-        };
-        assert_eq!(cost(Dialect::OpenAiChat, &strict, &b, Some(&a)).1, 0);
+        let rates = Rates::published(Provider::Anthropic, "m");
+        let (a, b) = (anthropic_of(&first, 0), anthropic_of(&second, 1000));
+        let mut cache = Entries::default();
+        let one = bill(Dialect::AnthropicMessages, &rates, &a, &mut cache);
+        assert_eq!(one.write_short, a.tokens());
+        let two = bill(Dialect::AnthropicMessages, &rates, &b, &mut cache);
+        assert_eq!(two.read, a.tokens());
+        assert_eq!(two.write_short, b.tokens() - a.tokens());
+        let bare = second.replace(r#","cache_control":{"type":"ephemeral"}"#, "");
+        let mut cold = Entries::default();
+        let none = bill(Dialect::AnthropicMessages, &rates, &anthropic_of(&bare, 0), &mut cold);
+        assert_eq!(none.uncached, none.tokens());
+        let openai = Rates::published(Provider::OpenAi, "gpt-5");
+        let mut cache = Entries::default();
+        let opening = chain_of(&first, 0);
+        bill(Dialect::OpenAiChat, &openai, &opening, &mut cache);
+        let hit = bill(Dialect::OpenAiChat, &openai, &chain_of(&second, 1), &mut cache);
+        assert_eq!(hit.read, opening.tokens() / 128 * 128);
     }
 }

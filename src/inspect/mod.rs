@@ -234,15 +234,15 @@ impl Worker {
             self.tokens
                 .get_with(key, || chain::part_tokens(tokenizer, part))
         };
-        let sent = chain::chain(&received, turn.at_ms, &mut count);
+        let sent = chain::chain(dialect, &received, turn.at_ms, &mut count);
         // Forwarded unchanged (P1): the very same bytes, read once.
         let shown = if forwarded.as_ptr() == received.as_ptr() && forwarded.len() == received.len()
         {
             sent.clone()
         } else {
-            chain::chain(&forwarded, turn.at_ms, &mut count)
+            chain::chain(dialect, &forwarded, turn.at_ms, &mut count)
         };
-        let price = self.config.prices.of(dialect);
+        let rates = self.config.prices.rates(dialect, &turn.model);
         let (sent_before, shown_before) = (known(&before.received), known(&before.forwarded));
         turn.received = Size {
             bytes: received.len() as u64,
@@ -256,8 +256,18 @@ impl Worker {
             received_tokens: sent_before.map_or(0, |b| sent.shared(b)),
             forwarded_tokens: shown_before.map_or(0, |b| shown.shared(b)),
         };
-        turn.cost.received = chain::cost(dialect, &price, &sent, sent_before).0;
-        turn.cost.forwarded = chain::cost(dialect, &price, &shown, shown_before).0;
+        let mut received_cache = before.received_cache.clone();
+        let mut forwarded_cache = before.forwarded_cache.clone();
+        let warm = forwarded_cache.warm(turn.at_ms);
+        turn.bill.received = chain::bill(dialect, &rates, &sent, &mut received_cache);
+        turn.bill.forwarded = chain::bill(dialect, &rates, &shown, &mut forwarded_cache);
+        turn.cost.received = turn.bill.received.cost(&rates);
+        turn.cost.forwarded = turn.bill.forwarded.cost(&rates);
+        turn.cache_break = shown_before.and_then(|b| {
+            let caching = dialect != crate::dialect::Dialect::AnthropicMessages
+                || !shown.marks.is_empty();
+            cache_break(b, &shown, sent_before, &sent, turn.bill.forwarded, warm, caching)
+        });
         turn.results = results
             .iter()
             .take(turn::MAX_LISTED_RESULTS)
@@ -272,6 +282,8 @@ impl Worker {
         let chains = turn.complete.then_some(Chains {
             received: sent,
             forwarded: shown,
+            received_cache,
+            forwarded_cache,
         });
         (turn, chains)
     }
@@ -291,6 +303,25 @@ impl Worker {
                 .with_label_values(&[route, side])
                 .inc_by(cost.max(0.0));
         }
+        for (side, bill) in [
+            ("received", turn.bill.received),
+            ("forwarded", turn.bill.forwarded),
+        ] {
+            for (kind, n) in [
+                ("read", bill.read),
+                ("write", bill.write_short + bill.write_long),
+                ("uncached", bill.uncached),
+            ] {
+                m.cache_tokens_total
+                    .with_label_values(&[route, side, kind])
+                    .inc_by(n);
+            }
+        }
+        if let Some(b) = &turn.cache_break {
+            m.cache_breaks_total
+                .with_label_values(&[route, b.cause.as_str()])
+                .inc();
+        }
         if let Some(u) = turn.usage {
             for (kind, n) in [
                 ("uncached", u.input),
@@ -303,6 +334,50 @@ impl Worker {
             }
         }
     }
+}
+
+/// Where and why the forwarded request `now` found less in the cache than `before` had: the
+/// cache was cold, or its history differs from `before`'s inside what `before` held (the
+/// agent's own change when what it sent differs there too, else sluice's). `None` when it
+/// lost under 1,024 tokens of what it had cached before.
+fn cache_break(
+    before: &Chain,
+    now: &Chain,
+    sent_before: Option<&Chain>,
+    sent: &Chain,
+    bill: crate::projection::cache::Bill,
+    warm: bool,
+    caching: bool,
+) -> Option<turn::Break> {
+    let kept = now
+        .links
+        .iter()
+        .zip(&before.links)
+        .take_while(|(a, b)| a.0 == b.0)
+        .count();
+    // What the previous request left cached that this one did not read; a loss under the
+    // smallest cacheable prefix is rounding (OpenAI's 128-token steps, the tail after a
+    // previous breakpoint).
+    let held = before.tokens().min(now.tokens());
+    let rewritten = held.saturating_sub(bill.read);
+    if !caching {
+        return None;
+    }
+    if rewritten < 1024 {
+        return None;
+    }
+    let cause = if !warm {
+        "ttl"
+    } else if sent_before.is_some_and(|b| sent.shared(b) < b.tokens()) {
+        "client"
+    } else {
+        "sluice"
+    };
+    Some(turn::Break {
+        cause: cause.into(),
+        block: kept as u64,
+        rewritten,
+    })
 }
 
 /// A previous request's chain, when there was one.

@@ -66,6 +66,12 @@ pub struct Totals {
 pub struct Chains {
     pub received: Chain,
     pub forwarded: Chain,
+    /// The provider's cache entries as the agent's own requests would have left them, and as
+    /// sluice's forwarded ones did (`projection::cache`).
+    #[serde(default)]
+    pub received_cache: crate::projection::cache::Entries,
+    #[serde(default)]
+    pub forwarded_cache: crate::projection::cache::Entries,
 }
 
 fn io(e: impl std::fmt::Display) -> StoreError {

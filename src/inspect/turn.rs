@@ -44,6 +44,11 @@ pub struct Turn {
     pub prefix: Prefix,
     /// Cache-weighted input cost, in uncached input tokens (docs/inspector.md).
     pub cost: Cost,
+    /// What the provider bills, by kind, for what the agent sent and what sluice forwarded
+    /// (the exact cache model, `projection::cache`).
+    pub bill: Bills,
+    /// Where the forwarded request's cache broke, and why.
+    pub cache_break: Option<Break>,
     /// Tool results in history order, with their fate.
     pub results: Vec<ResultFate>,
     /// Results left off the list past [`MAX_LISTED_RESULTS`].
@@ -92,6 +97,29 @@ pub struct Prefix {
 pub struct Cost {
     pub received: f64,
     pub forwarded: f64,
+}
+
+/// A request's bill on each side.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Bills {
+    pub received: crate::projection::cache::Bill,
+    pub forwarded: crate::projection::cache::Bill,
+}
+
+/// The forwarded request found less of its history in the cache than the previous request
+/// left there.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Break {
+    /// `ttl`: the previous request was longer ago than the cache keeps an entry; `client`: the
+    /// agent changed its own history there; `sluice`: sluice changed what it had forwarded (an
+    /// image pruned, a result retired, a tool added).
+    pub cause: String,
+    /// The first block (in cache order) that differs from the previous request.
+    pub block: u64,
+    /// Tokens written to the cache again that the previous request had cached.
+    pub rewritten: u64,
 }
 
 /// What happened to one tool result.

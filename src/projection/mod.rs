@@ -21,6 +21,8 @@ use attach::{Item, Limits, Media, Outcome};
 
 pub mod artifact;
 pub mod attach;
+pub mod cache;
+pub mod edits;
 pub mod exit;
 pub mod guard;
 pub mod memos;
@@ -47,6 +49,8 @@ pub struct Summary {
     pub placeholders: usize,
     /// Tool results shown retired by the context guard; `None` where the guard is off.
     pub retired: Option<usize>,
+    /// History edits put off because they would not pay back yet (docs/cache.md).
+    pub deferred_edits: usize,
 }
 
 impl Summary {
@@ -57,6 +61,9 @@ impl Summary {
         );
         if let Some(retired) = self.retired {
             value.push_str(&format!("; retired={retired}"));
+        }
+        if self.deferred_edits > 0 {
+            value.push_str(&format!("; deferred_edits={}", self.deferred_edits));
         }
         value
     }
@@ -77,6 +84,10 @@ pub struct Projection {
     pub delta: Delta,
     /// Image placeholders that name an artifact the read tool can show again (C5).
     pub rereadable: usize,
+    /// Images shown now that a later request will replace by such a placeholder (`once`,
+    /// `recent`): the read tool offered now saves rewriting the cached prefix then
+    /// (docs/cache.md).
+    pub rereadable_later: usize,
     /// What the context guard did, where it looked at the request.
     pub context: Option<guard::Report>,
     /// What happened to each audio item, for the metrics (docs/audio.md).
@@ -164,6 +175,9 @@ pub struct Context<'a> {
     pub memo: &'a dyn Memos,
     /// The session's delivery state before this request (A3, A4).
     pub state: &'a SessionState,
+    /// The clock (ms since the epoch), for whether the provider's cache is still warm
+    /// (`edits`).
+    pub now_ms: u64,
 }
 
 /// Where an image of the request stands.
@@ -315,6 +329,10 @@ pub(super) fn project_with(
     };
     let items: Vec<&Item> = places.iter().filter_map(|&(_, _, p)| item_at(p)).collect();
     let accepts = ctx.policy.accepts_images;
+    let placed: Vec<edits::Placed> = places
+        .iter()
+        .filter_map(|&(at, _, place)| Some(edits::Placed { at, item: item_at(place)? }))
+        .collect();
     // The delivery state decides first which images may be shown at all (A3, A4, A10).
     let candidates: Vec<Candidate> = places
         .iter()
@@ -334,11 +352,9 @@ pub(super) fn project_with(
             })
         })
         .collect();
-    let recent = state::Recent {
-        count: ctx.policy.images.recent_count,
-        batch: ctx.policy.images.prune_batch,
-    };
-    let decisions = state::plan(ctx.state, &candidates, recent);
+    // Recent pruning, made when it pays (docs/cache.md).
+    let (decisions, deferred) = edits::plan(view, ctx, &candidates, &placed);
+    out.summary.deferred_edits = deferred;
     let eligible: Vec<&Item> = items
         .iter()
         .zip(&decisions)
@@ -362,8 +378,29 @@ pub(super) fn project_with(
         .iter()
         .map(|o| matches!(o, Outcome::Embed(_) | Outcome::KeepRemote))
         .collect();
+    // Where the history stops being settled: the first image a later request may take out
+    // (shown now, not retained) or this one takes out (pruned now). An anchor goes before it.
+    let settled_end = candidates
+        .iter()
+        .zip(&decisions)
+        .zip(&embedded)
+        .zip(&placed)
+        .filter(|(((c, d), &shown), _)| {
+            (shown && c.lifetime != Lifetime::Retain)
+                || (**d == Decision::Pruned
+                    && ctx.state.status(&c.key) != Some(state::Status::Pruned))
+        })
+        .map(|(_, p)| p.at)
+        .min();
+    out.rereadable_later = candidates
+        .iter()
+        .zip(&embedded)
+        .zip(&placed)
+        .filter(|((c, &shown), p)| shown && c.lifetime != Lifetime::Retain && p.item.id.is_some())
+        .count();
     // Audio: its own gate, budgets and recent pruning; one delivery state (docs/audio.md).
     let audio = sounds::decide(view, ctx, &extracted, &mut out);
+    let has_images = !candidates.is_empty();
     out.delta = if audio.candidates.is_empty() {
         state::settle(ctx.state, &candidates, &decisions, &embedded)
     } else {
@@ -462,6 +499,11 @@ pub(super) fn project_with(
         out.edits
             .extend(view.shapes.after_turns(view.body.as_bytes(), chat_turns));
     }
+    // The session's cache clock moves with each request that carries images.
+    out.delta.touch |= has_images;
+    // Anthropic: breakpoints in the slots the client left free (docs/cache.md).
+    out.edits
+        .extend(edits::anchor(view, ctx.policy.cache, settled_end));
     out
 }
 

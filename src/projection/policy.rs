@@ -91,6 +91,54 @@ impl ContextLimits {
     }
 }
 
+/// When edits to history the provider has cached are made (`[routes.cache] policy`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EditPolicy {
+    /// When they pay back within `horizon_requests` (WIRE.md), at once on a cold cache or
+    /// when a hard limit forces them (docs/cache.md).
+    Economic,
+    /// As soon as the rules allow (A4 as written).
+    Eager,
+}
+
+/// Whether sluice adds Anthropic cache breakpoints in the slots a client leaves free.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Breakpoints {
+    Auto,
+    Off,
+}
+
+/// Later requests an edit may count on to pay back its rewrite: a screenshot agent's turns
+/// between two idle gaps are commonly a few dozen, and a longer horizon makes an edit that
+/// never pays back look cheap.
+pub const DEFAULT_HORIZON_REQUESTS: u64 = 20;
+
+/// `[routes.cache]` (SPEC 9.1, docs/cache.md): how edits to already-sent history meet the
+/// provider's prompt cache.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheLimits {
+    pub policy: EditPolicy,
+    pub breakpoints: Breakpoints,
+    pub horizon_requests: u64,
+    /// How long the provider keeps an entry; 0: from the client's breakpoints (300 s, or
+    /// 3,600 s when they ask for `"ttl":"1h"`).
+    pub ttl_seconds: u64,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits {
+            policy: EditPolicy::Economic,
+            breakpoints: Breakpoints::Auto,
+            horizon_requests: DEFAULT_HORIZON_REQUESTS,
+            ttl_seconds: 0,
+        }
+    }
+}
+
 /// Everything the projection needs to know of a request's route.
 #[derive(Debug, Clone, Copy)]
 pub struct Policy<'a> {
@@ -105,6 +153,7 @@ pub struct Policy<'a> {
     /// `tool_lifetimes`: tool-name glob → lifetime (M5).
     pub tool_lifetimes: &'a BTreeMap<String, Lifetime>,
     pub context: &'a ContextLimits,
+    pub cache: &'a CacheLimits,
 }
 
 impl Policy<'_> {

@@ -54,4 +54,14 @@ pub trait Shapes: std::fmt::Debug + Sync {
     /// that turn's `parts` (turns named by the index of one of their messages). Only for
     /// dialects whose tool results hold no images.
     fn after_turns(&self, body: &[u8], turns: Vec<(usize, Vec<String>)>) -> Vec<Edit>;
+
+    /// Whose prompt cache the requests meet (`super::cache`).
+    fn cache_provider(&self) -> super::cache::Provider;
+
+    /// A 5-minute cache breakpoint, as a field to insert before a block's closing brace
+    /// (Anthropic; empty where the dialect has none).
+    fn block_breakpoint(&self) -> &'static str;
+
+    /// The same as the first field of the request object (it marks the last block).
+    fn top_breakpoint(&self) -> &'static str;
 }

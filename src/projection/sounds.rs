@@ -273,6 +273,7 @@ mod tests {
                 policy: route.policy(&route.read_tool),
                 memo: &memo,
                 state,
+                now_ms: 0,
             },
         )
     }

@@ -86,6 +86,7 @@ fn each_image_gets_its_lifetime() {
             policy: route.policy(&route.read_tool),
             memo: &memo,
             state: &SessionState::default(),
+            now_ms: 0,
         },
     );
     // The delivery state records each image under its source (`<source>#<k>#<content>`).
@@ -221,7 +222,7 @@ proptest! {
         for (dialect, body) in bodies {
             let body = Bytes::from(body.to_string());
             let view = dialect.read_view(&body).unwrap();
-            let p = project(&view, &Context { tenant: &tenant, policy: route.policy(&route.read_tool), memo: &memo, state: &SessionState::default() });
+            let p = project(&view, &Context { tenant: &tenant, policy: route.policy(&route.read_tool), memo: &memo, state: &SessionState::default(), now_ms: 0 });
             let unchanged = p.edits.is_empty();
             let out = splice(&body, p.edits).unwrap();
             prop_assert!(serde_json::from_slice::<serde_json::Value>(&out).is_ok(), "{dialect:?}: {}", String::from_utf8_lossy(&out));

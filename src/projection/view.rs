@@ -58,6 +58,8 @@ pub struct ToolResult<'a> {
     /// A hash of `content`'s bytes, seeded per process: what the memos know it by. A resumed
     /// view takes it from the earlier turn's reading instead of hashing the bytes again.
     pub digest: u128,
+    /// Where a cache breakpoint could go on its block (Anthropic), `super::edits`.
+    pub slot: Option<super::edits::Slot>,
 }
 
 /// An image a user message carries (a platform attachment, SPEC A5).

@@ -199,11 +199,16 @@ impl Shared {
                 }
             }
         };
-        // C1, C5: a request sluice changes nothing in gets no tool (P1).
+        // C1, C5: a request sluice changes nothing in gets no tool (P1), except one whose
+        // images sluice will take out later under the economic policy: offered from the first
+        // such image, the tool never rewrites the provider's cached prefix (docs/cache.md).
+        let early = route.config.cache.policy == crate::projection::policy::EditPolicy::Economic
+            && projection.rereadable_later > 0;
         let offer = route.config.max_read_steps > 0
             && (projection.summary.spilled > 0
                 || projection.summary.retired.unwrap_or(0) > 0
-                || projection.rereadable > 0);
+                || projection.rereadable > 0
+                || early);
         let mut tool = None;
         let mut hidden_rounds = 0;
         if offer {
@@ -477,6 +482,7 @@ fn plan(
         policy,
         memo,
         state,
+        now_ms: crate::store::session::stamp(),
     };
     projection::project_prepared(view, &ctx, prepared)
 }

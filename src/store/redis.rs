@@ -26,7 +26,8 @@ use crate::store::session::{SessionKey, SessionStore};
 use crate::tenant::Tenant;
 
 /// Merges a delta. KEYS: the records hash, the released set, the links set, the retired set.
-/// ARGV: TTL, stamp, the three caps, the number of records, then per record its identity, value
+/// ARGV: TTL, stamp, the three caps, whether the delta touches the session's clock (`1`: the
+/// records hash's [`LAST_FIELD`] rises to the stamp), the number of records, then per record its identity, value
 /// and released key (hex), then the number of links and the links, then the retired keys (hex). Returns how many of
 /// those were not retired yet. A value's first character is its status rank, which only rises;
 /// rank 3 (released) leaves the hash for the released set, and a released identity is never
@@ -34,8 +35,14 @@ use crate::tenant::Tenant;
 const MERGE: &str = r"
 local ttl, stamp = ARGV[1], ARGV[2]
 local max_released, max_links, max_retired = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
-local i = 7
+if ARGV[6] == '1' then
+  local last = tonumber(redis.call('HGET', KEYS[1], '@last') or '0')
+  if tonumber(stamp) > last then
+    redis.call('HSET', KEYS[1], '@last', stamp)
+  end
+end
+local n = tonumber(ARGV[7])
+local i = 8
 for _ = 1, n do
   local field, value, released = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
@@ -72,6 +79,10 @@ for k = 1, 4 do
 end
 return retired
 ";
+
+/// The records hash's field that holds [`SessionState::last_ms`] (no identity starts with `@`:
+/// an identity starts with its source, a tool call id or `user:`).
+const LAST_FIELD: &str = "@last";
 
 #[derive(Clone)]
 pub struct RedisStore {
@@ -236,9 +247,16 @@ impl SessionStore for RedisStore {
         // Scores are millisecond stamps: exact in an f64 for millennia.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let stamp = |score: f64| score as u64;
+        let last_ms = fields
+            .iter()
+            .find(|(k, _)| k == LAST_FIELD)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
         let mut state = SessionState {
+            last_ms,
             records: fields
                 .into_iter()
+                .filter(|(k, _)| k != LAST_FIELD)
                 .filter_map(|(k, v)| decode(&v).map(|r| (k, r)))
                 .collect(),
             released: released
@@ -269,6 +287,7 @@ impl SessionStore for RedisStore {
             .arg(MAX_RELEASED)
             .arg(MAX_LINKS)
             .arg(MAX_RETIRED)
+            .arg(if delta.touch { "1" } else { "0" })
             .arg(delta.records.len());
         for (k, record) in &delta.records {
             invocation

@@ -318,6 +318,7 @@ mod tests {
             .into(),
             links: Default::default(),
             retired: [xxhash_rust::xxh3::xxh3_64(k.as_bytes())].into(),
+            touch: true,
         };
         {
             let store = EmbeddedSessions::open(dir.path(), Duration::from_secs(60)).unwrap();
@@ -342,6 +343,7 @@ mod tests {
             "never moves back"
         );
         assert_eq!(state.records.len(), 2);
+        assert!(state.last_ms > 0, "the session's cache clock survives reopening");
         assert_eq!(state.retired.len(), 2, "retired results survive reopening");
         drop(store);
         let expired = EmbeddedSessions::open(dir.path(), Duration::from_secs(0)).unwrap();

@@ -85,8 +85,11 @@ struct State {
     /// The model's context window: a request whose input and requested output pass it is
     /// refused with the provider's own error (see [`context_rules`]).
     window: Option<u64>,
-    /// The prefixes a simulated prompt cache holds, when it is on ([`MockUpstream::prompt_cache`]).
-    cache: Option<std::collections::HashSet<u64>>,
+    /// The provider's prompt cache ([`prompt_cache`]): on unless a test turns it off, so every
+    /// reply's `usage` is what the provider would bill.
+    cache: Option<prompt_cache::PromptCache>,
+    /// What the cache billed for each request, in arrival order.
+    billed: Vec<prompt_cache::Counted>,
 }
 
 impl Default for State {
@@ -97,7 +100,8 @@ impl Default for State {
             script: VecDeque::new(),
             encoding: None,
             window: None,
-            cache: None,
+            cache: Some(Default::default()),
+            billed: Vec::new(),
         }
     }
 }
@@ -227,10 +231,29 @@ impl MockUpstream {
         self.state.lock().unwrap().window = window;
     }
 
-    /// Reports usage from a simulated prompt cache ([`prompt_cache`]): input tokens as
-    /// [`reference_tokens`] counts them, cached ones for the longest prefix seen before.
+    /// Starts the prompt cache afresh ([`prompt_cache`]; on by default), or turns it off (usage
+    /// then counts no cache).
     pub fn prompt_cache(&self, on: bool) {
         self.state.lock().unwrap().cache = on.then(Default::default);
+    }
+
+    /// Moves the prompt cache's clock on (an idle gap, without waiting for it).
+    pub fn advance_cache(&self, by: std::time::Duration) {
+        if let Some(cache) = self.state.lock().unwrap().cache.as_mut() {
+            cache.advance(by);
+        }
+    }
+
+    /// Every cache entry lives `seconds` instead of 5 min / 1 h.
+    pub fn cache_ttl(&self, seconds: Option<u64>) {
+        if let Some(cache) = self.state.lock().unwrap().cache.as_mut() {
+            cache.ttl_seconds = seconds;
+        }
+    }
+
+    /// What the prompt cache billed for each model request so far.
+    pub fn billed(&self) -> Vec<prompt_cache::Counted> {
+        self.state.lock().unwrap().billed.clone()
     }
 
     /// Lets a [`Reply::Gate`] stream go on.
@@ -472,11 +495,29 @@ async fn respond(
     if let Some(refusal) = window.and_then(|w| context_rules(dialect, &request, w)) {
         return json_response(400, refusal);
     }
-    let counted = state.lock().unwrap().cache.as_mut().map(|seen| {
-        prompt_cache::count(dialect == Dialect::Anthropic, &request, seen, |part| {
-            reference_tokens(dialect, part)
-        })
-    });
+    let counted = {
+        let mut state = state.lock().unwrap();
+        let counted = state.cache.as_mut().map(|cache| {
+            prompt_cache::count(dialect == Dialect::Anthropic, &request, cache, |part| {
+                reference_tokens(dialect, part)
+            })
+        });
+        match counted {
+            Some(Err(refusal)) => {
+                return json_response(
+                    400,
+                    json!({"type": "error", "error": {"type": "invalid_request_error",
+                        "message": refusal}})
+                    .to_string(),
+                );
+            }
+            Some(Ok(c)) => {
+                state.billed.push(c);
+                Some(c)
+            }
+            None => None,
+        }
+    };
     let name = match dialect {
         Dialect::Chat => "chat",
         Dialect::Responses => "responses",

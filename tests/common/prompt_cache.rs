@@ -1,89 +1,296 @@
-//! The mock provider's prompt cache, for the inspector's tests: like the providers' own, it
-//! serves the longest prefix of a request (tools, system prompt, then each message or input
-//! item) that any earlier request had, from 1,024 tokens on; Anthropic only where the request
-//! marks a `cache_control` breakpoint. Its counts go into the reply's `usage` as each provider
-//! reports them, so sluice reads them as it would a real provider's.
+//! The mock provider's prompt cache, billed as the providers bill (WIRE.md "Prompt caches,
+//! exactly"), written apart from sluice's own model (`sluice::projection::cache`) so each checks
+//! the other:
+//!
+//! - Anthropic: positions are tools, system blocks and each message's content blocks. Entries
+//!   are written only at `cache_control` breakpoints (a top-level one marks the last block), at
+//!   most four per request (a fifth is the provider's 400), 1-hour ones before 5-minute ones; a
+//!   read walks back at most 20 blocks from each breakpoint, last first; prefixes under the
+//!   model's minimum are not cached. Usage as Anthropic reports it, split by TTL.
+//! - OpenAI: every request is cached by itself; a read is the longest cached prefix of whole
+//!   messages, from 1,024 tokens in 128-token steps.
+//!
+//! The cache is shared by every session, as a provider's is by an organisation's. Its clock can
+//! be moved on ([`PromptCache::advance`]) so a test or bench can let entries lapse without
+//! waiting, and its TTLs shortened ([`PromptCache::ttl_seconds`]).
 
 #![allow(dead_code)]
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-/// The shortest prefix the providers cache.
-const MIN_CACHED: u64 = 1024;
+/// Tokens a message adds besides its blocks (role and framing).
+const MESSAGE_FRAMING: u64 = 4;
+
+/// The cache's entries and clock.
+#[derive(Debug)]
+pub struct PromptCache {
+    /// Prefix hash → (expires at, in ms on the cache's clock; whether it is a 1-hour entry).
+    entries: HashMap<u64, (u64, bool)>,
+    started: Instant,
+    offset: Duration,
+    /// Every entry lives this long instead of 5 min / 1 h, when set.
+    pub ttl_seconds: Option<u64>,
+}
+
+impl Default for PromptCache {
+    fn default() -> Self {
+        PromptCache {
+            entries: HashMap::new(),
+            started: Instant::now(),
+            offset: Duration::ZERO,
+            ttl_seconds: None,
+        }
+    }
+}
+
+impl PromptCache {
+    /// Moves the cache's clock on, as if that much time had passed.
+    pub fn advance(&mut self, by: Duration) {
+        self.offset += by;
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.started.elapsed() + self.offset).as_millis() as u64
+    }
+
+    fn ttl_ms(&self, long: bool) -> u64 {
+        1000 * self.ttl_seconds.unwrap_or(if long { 3600 } else { 300 })
+    }
+
+    fn live(&self, hash: u64, now: u64) -> Option<bool> {
+        self.entries
+            .get(&hash)
+            .filter(|(expires, _)| *expires > now)
+            .map(|(_, long)| *long)
+    }
+
+    fn put(&mut self, hash: u64, long: bool, now: u64) {
+        let expires = now + self.ttl_ms(long);
+        let e = self.entries.entry(hash).or_insert((0, long));
+        e.0 = e.0.max(expires);
+        e.1 |= long;
+    }
+}
 
 /// What the cache did for one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Counted {
     pub total: u64,
+    /// Read from the cache.
     pub cached: u64,
-    /// Written to the cache (Anthropic, where the request marks breakpoints).
+    /// Written under 5-minute breakpoints (Anthropic).
     pub created: u64,
+    /// Written under 1-hour breakpoints (Anthropic).
+    pub created_1h: u64,
 }
 
-/// The request's parts in cache order.
-fn parts(request: &Value) -> Vec<&Value> {
+/// One position: its tokens, its breakpoint (`Some(true)` for 1 hour), whether it can carry
+/// one, and the value hashed for it.
+struct Position {
+    tokens: u64,
+    mark: Option<bool>,
+    hash: u64,
+}
+
+fn marker(v: &Value) -> Option<bool> {
+    v.get("cache_control")
+        .map(|c| c.get("ttl").and_then(Value::as_str) == Some("1h"))
+}
+
+/// The request's positions in cache order, or the provider's 400 for its breakpoints.
+fn positions(
+    anthropic: bool,
+    request: &Value,
+    tokens: &impl Fn(&Value) -> u64,
+) -> Result<Vec<Position>, String> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    request["model"].to_string().hash(&mut h);
     let mut out = Vec::new();
-    for key in ["tools", "system", "instructions"] {
-        if let Some(v) = request.get(key).filter(|v| !v.is_null()) {
-            out.push(v);
+    let mut push = |h: &mut std::collections::hash_map::DefaultHasher,
+                    v: &Value,
+                    extra: u64,
+                    mark: Option<bool>| {
+        let mut unmarked = v.clone();
+        strip(&mut unmarked);
+        unmarked.to_string().hash(h);
+        out.push(Position {
+            tokens: tokens(v) + extra,
+            mark,
+            hash: h.finish(),
+        });
+    };
+    if !anthropic {
+        for key in ["tools", "system", "instructions"] {
+            if let Some(v) = request.get(key).filter(|v| !v.is_null()) {
+                push(&mut h, v, 0, None);
+            }
+        }
+        for key in ["messages", "input"] {
+            match request.get(key) {
+                Some(Value::Array(items)) => {
+                    for item in items {
+                        push(&mut h, item, MESSAGE_FRAMING, None);
+                    }
+                }
+                Some(v) if !v.is_null() => push(&mut h, v, MESSAGE_FRAMING, None),
+                _ => {}
+            }
+        }
+        return Ok(out);
+    }
+    let blocks = |v: Option<&Value>| -> Vec<Value> {
+        match v {
+            Some(Value::Array(items)) => items.clone(),
+            Some(Value::Null) | None => Vec::new(),
+            Some(other) => vec![other.clone()],
+        }
+    };
+    for key in ["tools", "system"] {
+        for block in blocks(request.get(key)) {
+            let mark = marker(&block);
+            check_carrier(&block, mark)?;
+            push(&mut h, &block, 0, mark);
         }
     }
-    for key in ["messages", "input"] {
-        match request.get(key) {
-            Some(Value::Array(items)) => out.extend(items),
-            Some(v) if !v.is_null() => out.push(v),
-            _ => {}
+    for message in blocks(request.get("messages")) {
+        message["role"].to_string().hash(&mut h);
+        let content = message.get("content").cloned().unwrap_or(Value::Null);
+        let parts = match content {
+            Value::Array(items) => items,
+            other => vec![other],
+        };
+        for (i, block) in parts.iter().enumerate() {
+            let mark = marker(block);
+            check_carrier(block, mark)?;
+            let framing = if i == 0 { MESSAGE_FRAMING } else { 0 };
+            push(&mut h, block, framing, mark);
         }
     }
-    out
+    if let Some(top) = marker(request) {
+        if let Some(last) = out.last_mut() {
+            last.mark = Some(last.mark.unwrap_or(false) || top);
+        }
+    }
+    let marks: Vec<bool> = out.iter().filter_map(|p| p.mark).collect();
+    if marks.len() > 4 {
+        return Err(format!(
+            "A maximum of 4 blocks with cache_control may be provided. Found {}.",
+            marks.len()
+        ));
+    }
+    if marks.windows(2).any(|w| !w[0] && w[1]) {
+        return Err("a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into());
+    }
+    Ok(out)
 }
 
-/// Counts `request` against the prefixes `seen` holds, and remembers its own.
+/// Anthropic refuses a breakpoint on a block that cannot carry one.
+fn check_carrier(block: &Value, mark: Option<bool>) -> Result<(), String> {
+    if mark.is_none() {
+        return Ok(());
+    }
+    match block["type"].as_str() {
+        Some("thinking" | "redacted_thinking") => {
+            Err("cache_control cannot be set on thinking blocks".into())
+        }
+        Some("text") if block["text"].as_str() == Some("") => {
+            Err("cache_control cannot be set for empty text blocks".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The smallest prefix `model` caches (Anthropic's table; 1,024 for the rest).
+fn minimum(anthropic: bool, model: &str) -> u64 {
+    if !anthropic {
+        return 1024;
+    }
+    if ["opus-4-5", "opus-4-6", "haiku-4-5"].iter().any(|m| model.contains(m)) {
+        4096
+    } else if ["opus-4-7", "haiku-3-5", "3-5-haiku"].iter().any(|m| model.contains(m)) {
+        2048
+    } else {
+        1024
+    }
+}
+
+/// Bills `request` against the cache and leaves the cache as the provider would; `Err` is the
+/// provider's 400 for the request's breakpoints.
 pub fn count(
     anthropic: bool,
     request: &Value,
-    seen: &mut HashSet<u64>,
+    cache: &mut PromptCache,
     tokens: impl Fn(&Value) -> u64,
-) -> Counted {
-    let breakpoints = request.to_string().contains("\"cache_control\"");
-    let caching = !anthropic || breakpoints;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    request["model"].to_string().hash(&mut h);
+) -> Result<Counted, String> {
+    let positions = positions(anthropic, request, &tokens)?;
+    let min = minimum(anthropic, request["model"].as_str().unwrap_or(""));
+    let now = cache.now_ms();
+    let mut prefix = Vec::with_capacity(positions.len());
     let mut total = 0;
-    let mut cached = 0;
-    let mut hit = true;
-    let mut prefixes = Vec::new();
-    for part in parts(request) {
-        // A breakpoint says where to cache; it is not content.
-        let mut unmarked = part.clone();
-        strip(&mut unmarked);
-        unmarked.to_string().hash(&mut h);
-        let n = tokens(part) + 4;
-        total += n;
-        let prefix = h.finish();
-        hit = hit && seen.contains(&prefix);
-        if hit {
-            cached = total;
+    for p in &positions {
+        total += p.tokens;
+        prefix.push(total);
+    }
+    if !anthropic {
+        let shared = positions
+            .iter()
+            .take_while(|p| cache.live(p.hash, now).is_some())
+            .count();
+        let common = if shared == 0 { 0 } else { prefix[shared - 1] };
+        for p in &positions {
+            cache.put(p.hash, false, now);
         }
-        prefixes.push(prefix);
-    }
-    if !caching {
-        return Counted {
+        let cached = if common >= min { common / 128 * 128 } else { 0 };
+        return Ok(Counted {
             total,
+            cached,
             ..Counted::default()
-        };
+        });
     }
-    seen.extend(prefixes);
-    let cached = if cached >= MIN_CACHED { cached } else { 0 };
-    Counted {
+    let marks: Vec<usize> = (0..positions.len())
+        .filter(|&i| positions[i].mark.is_some())
+        .collect();
+    // The read: the last breakpoint first, each looking back 20 blocks, itself included.
+    let mut read = 0;
+    'found: for &m in marks.iter().rev() {
+        let mut j = m as i64;
+        while j >= 0 && j > m as i64 - 20 {
+            let i = j as usize;
+            if let Some(long) = cache.live(positions[i].hash, now) {
+                read = prefix[i];
+                cache.put(positions[i].hash, long, now);
+                break 'found;
+            }
+            j -= 1;
+        }
+    }
+    let mut counted = Counted {
         total,
-        cached,
-        created: if anthropic { total - cached } else { 0 },
+        cached: read,
+        ..Counted::default()
+    };
+    let mut written_to = read;
+    for &m in &marks {
+        if prefix[m] < min {
+            continue;
+        }
+        let long = positions[m].mark == Some(true);
+        cache.put(positions[m].hash, long, now);
+        if prefix[m] > written_to {
+            if long {
+                counted.created_1h += prefix[m] - written_to;
+            } else {
+                counted.created += prefix[m] - written_to;
+            }
+            written_to = prefix[m];
+        }
     }
+    Ok(counted)
 }
 
 fn strip(v: &mut Value) {
@@ -98,6 +305,21 @@ fn strip(v: &mut Value) {
 }
 
 impl Counted {
+    /// Everything written to the cache.
+    pub fn written(&self) -> u64 {
+        self.created + self.created_1h
+    }
+
+    /// The bill in uncached input tokens at the published prices (`read` the provider's
+    /// cache-read multiplier; Anthropic writes at 1.25× and 2×).
+    pub fn cost(&self, read: f64) -> f64 {
+        let uncached = self.total - self.cached - self.written();
+        uncached as f64
+            + self.cached as f64 * read
+            + self.created as f64 * 1.25
+            + self.created_1h as f64 * 2.0
+    }
+
     /// The `usage` object of `dialect` (`chat`, `responses`, `anthropic`).
     pub fn usage(&self, dialect: &str) -> Value {
         match dialect {
@@ -108,9 +330,12 @@ impl Counted {
                 "total_tokens": self.total + 5,
                 "input_tokens_details": {"cached_tokens": self.cached},
                 "output_tokens_details": {"reasoning_tokens": 0}}),
-            _ => json!({"input_tokens": self.total - self.cached - self.created,
+            _ => json!({"input_tokens": self.total - self.cached - self.written(),
                 "cache_read_input_tokens": self.cached,
-                "cache_creation_input_tokens": self.created, "output_tokens": 5}),
+                "cache_creation_input_tokens": self.written(),
+                "cache_creation": {"ephemeral_5m_input_tokens": self.created,
+                    "ephemeral_1h_input_tokens": self.created_1h},
+                "output_tokens": 5}),
         }
     }
 
@@ -127,10 +352,22 @@ impl Counted {
     /// `usage` before `[DONE]` (as `stream_options.include_usage` asks).
     pub fn onto_events(&self, dialect: &str, events: Vec<Bytes>) -> Vec<Bytes> {
         let mut out = Vec::with_capacity(events.len() + 1);
+        // The usage chunk carries the stream's own id, as every chunk of one stream does.
+        let mut id = Value::from("chatcmpl-usage");
         for event in events {
             let text = String::from_utf8_lossy(&event).into_owned();
+            if dialect == "chat" {
+                if let Some(chunk) = text
+                    .strip_prefix("data: ")
+                    .and_then(|d| serde_json::from_str::<Value>(d.trim_end()).ok())
+                {
+                    if let Some(known) = chunk.get("id").filter(|v| v.is_string()) {
+                        id = known.clone();
+                    }
+                }
+            }
             if dialect == "chat" && text.starts_with("data: [DONE]") {
-                let chunk = json!({"id": "chatcmpl-usage", "object": "chat.completion.chunk",
+                let chunk = json!({"id": id, "object": "chat.completion.chunk",
                     "choices": [], "usage": self.usage(dialect)});
                 out.push(Bytes::from(format!("data: {chunk}\n\n")));
                 out.push(event);

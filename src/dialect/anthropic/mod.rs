@@ -116,10 +116,22 @@ struct Block<'a> {
     /// Its first key (borrowed from the body) and its last value: the object's own bytes are
     /// between them and the braces around them ([`Block::text`]).
     bounds: Option<(&'a str, &'a RawValue)>,
+    /// It carries a `cache_control` field.
+    marked: bool,
     valid: bool,
 }
 
 impl<'a> Block<'a> {
+    /// Where a cache breakpoint could be added to the block: before its closing brace.
+    fn slot(&self, body: &'a str) -> Option<crate::projection::edits::Slot> {
+        let text = self.text(body)?;
+        let close = crate::dialect::span_in(body, text).end.checked_sub(1)?;
+        Some(crate::projection::edits::Slot {
+            close,
+            marked: self.marked,
+        })
+    }
+
     /// The block's bytes as sent, `{` to `}`: only whitespace lies between a brace and its
     /// object's first key or last value (RFC 8259).
     fn text(&self, body: &'a str) -> Option<&'a str> {
@@ -174,6 +186,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for Block<'a> {
                         "id" => (2, &mut block.id),
                         "name" => (4, &mut block.name),
                         "tool_use_id" => (8, &mut block.tool_use_id),
+                        "cache_control" => {
+                            block.marked = true;
+                            continue;
+                        }
                         "content" => {
                             // A field twice (even after a null) leaves the block as sent.
                             block.valid &= seen & 16 == 0;

@@ -151,9 +151,10 @@ impl<'a> Reading<'a> {
                 }
                 (Some("user"), Some("tool_result")) => {
                     if let (Some(id), Some(content)) = (&block.tool_use_id, block.content) {
+                        let slot = block.slot(body);
                         self.found
                             .gathered
-                            .result(body, &self.names, item, id, content);
+                            .result(body, &self.names, item, id, content, slot);
                     }
                 }
                 (Some("user"), Some("image")) => {

@@ -62,6 +62,10 @@ pub struct SessionState {
     /// Tool results the context guard retired, by their key (`projection::guard`), with when.
     #[serde(default)]
     pub retired: BTreeMap<u64, u64>,
+    /// When the session's last request that carried images (or a deferred edit) completed:
+    /// whether the provider's cache is still warm (`projection::edits`).
+    #[serde(default)]
+    pub last_ms: u64,
 }
 
 /// The key a released attachment is remembered by.
@@ -202,11 +206,14 @@ pub struct Delta {
     /// Tool results the context guard retired in this request.
     #[serde(default)]
     pub retired: std::collections::BTreeSet<u64>,
+    /// The request's completion is when the session last forwarded ([`SessionState::last_ms`]).
+    #[serde(default)]
+    pub touch: bool,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.links.is_empty() && self.retired.is_empty()
+        self.records.is_empty() && self.links.is_empty() && self.retired.is_empty() && !self.touch
     }
 }
 
@@ -263,6 +270,9 @@ pub fn settle(
 /// the oldest released attachments and links are forgotten past the caps). Returns how many
 /// tool results it retired that the state did not hold retired yet.
 pub fn apply(state: &mut SessionState, delta: &Delta, stamp: u64) -> u64 {
+    if delta.touch {
+        state.last_ms = state.last_ms.max(stamp);
+    }
     for (key, record) in &delta.records {
         let released = released_key(key);
         if record.status == Status::Released {

@@ -84,6 +84,8 @@ fn guarded(window: u64) -> RouteConfig {
     let mut route = RouteConfig::default();
     route.context.window_tokens = window;
     route.context.output_tokens = 1000;
+    // The guard's own edits only (docs/cache.md has the breakpoints sluice adds).
+    route.cache.breakpoints = crate::projection::policy::Breakpoints::Off;
     route
 }
 
@@ -101,6 +103,7 @@ fn project(
         policy: route.policy("sluice_read"),
         memo,
         state,
+        now_ms: 0,
     };
     super::project(&view, &ctx, Prepared::new(&view, &tenant, memo))
 }
