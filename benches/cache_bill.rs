@@ -57,7 +57,9 @@ fn prose(bytes: usize, seed: usize) -> String {
     let mut out = String::with_capacity(bytes + 16);
     let mut i = seed.wrapping_mul(2_654_435_761);
     while out.len() < bytes {
-        i = i.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        i = i
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         out.push_str(words[(i >> 33) % words.len()]);
         out.push(if (i >> 20) % 13 == 0 { '\n' } else { ' ' });
     }
@@ -100,8 +102,10 @@ fn tools(names: &[&str]) -> Value {
     Value::Array(
         names
             .iter()
-            .map(|n| json!({"name": n, "description": prose(1_500, n.len()),
-                "input_schema": {"type": "object", "properties": {}}}))
+            .map(|n| {
+                json!({"name": n, "description": prose(1_500, n.len()),
+                "input_schema": {"type": "object", "properties": {}}})
+            })
             .collect(),
     )
 }
@@ -120,13 +124,21 @@ fn cc_screenshots(turns: usize) -> Value {
         messages.push(json!({"role": "assistant", "content": [
             {"type": "text", "text": format!("Step {t}: looking at the page again.")},
             {"type": "tool_use", "id": id, "name": "mcp__browser__take_screenshot", "input": {}}]}));
-        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id,
+        messages.push(
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id,
             "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                "data": shots()[t % shots().len()]}}]}]}));
+                "data": shots()[t % shots().len()]}}]}]}),
+        );
     }
     claude_code(
         cc_system(),
-        tools(&["Bash", "Read", "Edit", "mcp__browser__take_screenshot", "mcp__browser__click"]),
+        tools(&[
+            "Bash",
+            "Read",
+            "Edit",
+            "mcp__browser__take_screenshot",
+            "mcp__browser__click",
+        ]),
         messages,
     )
 }
@@ -138,9 +150,11 @@ fn codex_screenshots(turns: usize) -> Value {
         let id = format!("call_{t:04}");
         input.push(json!({"type": "function_call", "call_id": id,
             "name": "mcp__browser__take_screenshot", "arguments": "{}"}));
-        input.push(json!({"type": "function_call_output", "call_id": id, "output": [
+        input.push(
+            json!({"type": "function_call_output", "call_id": id, "output": [
             {"type": "input_image", "detail": "high",
-             "image_url": format!("data:image/png;base64,{}", shots()[t % shots().len()])}]}));
+             "image_url": format!("data:image/png;base64,{}", shots()[t % shots().len()])}]}),
+        );
     }
     json!({"model": "gpt-5.2-codex", "instructions": prose(30_000, 2), "stream": true,
         "store": false, "prompt_cache_key": "thread-1",
@@ -159,11 +173,17 @@ fn sdk_long_outputs(turns: usize, breakpoints: bool, output: fn(usize) -> usize)
         messages.push(json!({"role": "assistant", "content": [
             {"type": "text", "text": format!("Running step {t}.")},
             {"type": "tool_use", "id": id, "name": "bash", "input": {"command": format!("make test-{t}")}}]}));
-        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id,
-            "content": prose(output(t), t + 10)}]}));
+        messages.push(
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id,
+            "content": prose(output(t), t + 10)}]}),
+        );
     }
     if breakpoints {
-        return claude_code(cc_system(), tools(&["Bash", "Read", "Edit", "Grep"]), messages);
+        return claude_code(
+            cc_system(),
+            tools(&["Bash", "Read", "Edit", "Grep"]),
+            messages,
+        );
     }
     json!({"model": "claude-sonnet-4-5", "max_tokens": 8000,
         "system": prose(8_000, 4), "tools": tools(&["bash", "read_file", "write_file"]),
@@ -349,8 +369,16 @@ fn main() {
         }
         for gaps in [false, true] {
             for (label, policy, breakpoints) in [
-                ("before (eager, no breakpoints)", EditPolicy::Eager, Breakpoints::Off),
-                ("economic + breakpoints", EditPolicy::Economic, Breakpoints::Auto),
+                (
+                    "before (eager, no breakpoints)",
+                    EditPolicy::Eager,
+                    Breakpoints::Off,
+                ),
+                (
+                    "economic + breakpoints",
+                    EditPolicy::Economic,
+                    Breakpoints::Auto,
+                ),
             ] {
                 let (agent, ours, failed) = run(&runtime, &shape, gaps, policy, breakpoints);
                 println!(

@@ -183,7 +183,12 @@ async fn metric_reaches(sluice: &Sluice, prefix: &str, n: f64) {
 #[tokio::test]
 async fn compressed_answers_complete_and_once_images_are_consumed_a9() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::in_front_of(&mock);
+    // The relay path: under the economic policy a first screenshot already gets the read tool,
+    // whose rounds answer decoded (docs/cache.md).
+    let sluice = Sluice::start(&common::on_every_route(
+        &config_for(&mock.base_url(), ""),
+        "cache.policy = \"eager\"",
+    ));
     let mut commits = 0.0;
     for coding in CODINGS {
         mock.compress(Some(coding));

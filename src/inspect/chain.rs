@@ -315,11 +315,18 @@ mod tests {
     use super::*;
 
     fn chain_of(body: &str, at_ms: u64) -> Chain {
-        chain(Dialect::OpenAiChat, body.as_bytes(), at_ms, &mut |p| p.len() as u64 * 100)
+        chain(Dialect::OpenAiChat, body.as_bytes(), at_ms, &mut |p| {
+            p.len() as u64 * 100
+        })
     }
 
     fn anthropic_of(body: &str, at_ms: u64) -> Chain {
-        chain(Dialect::AnthropicMessages, body.as_bytes(), at_ms, &mut |p| p.len() as u64 * 100)
+        chain(
+            Dialect::AnthropicMessages,
+            body.as_bytes(),
+            at_ms,
+            &mut |p| p.len() as u64 * 100,
+        )
     }
 
     /// An audio file a part carries costs its length at 10 tokens a second (docs/audio.md),
@@ -401,13 +408,23 @@ mod tests {
         assert_eq!(two.write_short, b.tokens() - a.tokens());
         let bare = second.replace(r#","cache_control":{"type":"ephemeral"}"#, "");
         let mut cold = Entries::default();
-        let none = bill(Dialect::AnthropicMessages, &rates, &anthropic_of(&bare, 0), &mut cold);
+        let none = bill(
+            Dialect::AnthropicMessages,
+            &rates,
+            &anthropic_of(&bare, 0),
+            &mut cold,
+        );
         assert_eq!(none.uncached, none.tokens());
         let openai = Rates::published(Provider::OpenAi, "gpt-5");
         let mut cache = Entries::default();
         let opening = chain_of(&first, 0);
         bill(Dialect::OpenAiChat, &openai, &opening, &mut cache);
-        let hit = bill(Dialect::OpenAiChat, &openai, &chain_of(&second, 1), &mut cache);
+        let hit = bill(
+            Dialect::OpenAiChat,
+            &openai,
+            &chain_of(&second, 1),
+            &mut cache,
+        );
         assert_eq!(hit.read, opening.tokens() / 128 * 128);
     }
 }

@@ -264,9 +264,17 @@ impl Worker {
         turn.cost.received = turn.bill.received.cost(&rates);
         turn.cost.forwarded = turn.bill.forwarded.cost(&rates);
         turn.cache_break = shown_before.and_then(|b| {
-            let caching = dialect != crate::dialect::Dialect::AnthropicMessages
-                || !shown.marks.is_empty();
-            cache_break(b, &shown, sent_before, &sent, turn.bill.forwarded, warm, caching)
+            let caching =
+                dialect != crate::dialect::Dialect::AnthropicMessages || !shown.marks.is_empty();
+            cache_break(
+                b,
+                &shown,
+                sent_before,
+                &sent,
+                turn.bill.forwarded,
+                warm,
+                caching,
+            )
         });
         turn.results = results
             .iter()

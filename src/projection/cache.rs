@@ -106,7 +106,9 @@ impl Rates {
     }
 
     fn ttl_ms(&self, ttl: Ttl) -> u64 {
-        self.ttl_seconds.unwrap_or(ttl.seconds()).saturating_mul(1000)
+        self.ttl_seconds
+            .unwrap_or(ttl.seconds())
+            .saturating_mul(1000)
     }
 }
 
@@ -366,12 +368,22 @@ mod tests {
         let first = blocks(&["sys", "u1", "a1", "u2"], 1000, &[0, 3]);
         let b = bill(Provider::Anthropic, &ANTHROPIC, &first, &mut cache, 0);
         // The system block alone is under the minimum: the whole prefix is written at the tail.
-        assert_eq!(b, Bill { write_short: 4000, ..Bill::default() });
+        assert_eq!(
+            b,
+            Bill {
+                write_short: 4000,
+                ..Bill::default()
+            }
+        );
         let second = blocks(&["sys", "u1", "a1", "u2", "a2", "u3"], 1000, &[0, 5]);
         let b = bill(Provider::Anthropic, &ANTHROPIC, &second, &mut cache, 1000);
         assert_eq!(
             b,
-            Bill { read: 4000, write_short: 2000, ..Bill::default() }
+            Bill {
+                read: 4000,
+                write_short: 2000,
+                ..Bill::default()
+            }
         );
         assert!((b.cost(&ANTHROPIC) - (400.0 + 2500.0)).abs() < 1e-9);
     }
@@ -380,11 +392,30 @@ mod tests {
     fn an_edit_before_the_last_entry_falls_back_to_an_earlier_breakpoint() {
         let mut cache = Entries::default();
         let labels = ["sys", "u1", "a1", "img", "a2", "u3"];
-        bill(Provider::Anthropic, &ANTHROPIC, &blocks(&labels, 1000, &[1, 5]), &mut cache, 0);
+        bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&labels, 1000, &[1, 5]),
+            &mut cache,
+            0,
+        );
         // The image is pruned: no entry at or after it matches; the one at u1 does.
         let pruned = ["sys", "u1", "a1", "placeholder", "a2", "u3", "a3", "u4"];
-        let b = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&pruned, 1000, &[1, 7]), &mut cache, 1);
-        assert_eq!(b, Bill { read: 2000, write_short: 6000, ..Bill::default() });
+        let b = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&pruned, 1000, &[1, 7]),
+            &mut cache,
+            1,
+        );
+        assert_eq!(
+            b,
+            Bill {
+                read: 2000,
+                write_short: 6000,
+                ..Bill::default()
+            }
+        );
     }
 
     #[test]
@@ -392,14 +423,38 @@ mod tests {
         let labels: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
         let l: Vec<&str> = labels.iter().map(String::as_str).collect();
         let mut cache = Entries::default();
-        bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l[..5], 500, &[4]), &mut cache, 0);
+        bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l[..5], 500, &[4]),
+            &mut cache,
+            0,
+        );
         // Breakpoint 24 blocks later (index 24, 20 back reaches index 5): no hit.
-        let far = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l[..25], 500, &[24]), &mut cache, 1);
+        let far = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l[..25], 500, &[24]),
+            &mut cache,
+            1,
+        );
         assert_eq!(far.read, 0);
         let mut cache2 = Entries::default();
-        bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l[..5], 500, &[4]), &mut cache2, 0);
+        bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l[..5], 500, &[4]),
+            &mut cache2,
+            0,
+        );
         // 20 blocks from index 23 reach index 4: a hit.
-        let near = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l[..24], 500, &[23]), &mut cache2, 1);
+        let near = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l[..24], 500, &[23]),
+            &mut cache2,
+            1,
+        );
         assert_eq!(near.read, 2500);
     }
 
@@ -407,24 +462,73 @@ mod tests {
     fn no_breakpoint_no_cache_and_ttls_lapse_and_price_by_breakpoint() {
         let mut cache = Entries::default();
         let l = ["a", "b", "c"];
-        let none = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l, 1000, &[]), &mut cache, 0);
-        assert_eq!(none, Bill { uncached: 3000, ..Bill::default() });
+        let none = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l, 1000, &[]),
+            &mut cache,
+            0,
+        );
+        assert_eq!(
+            none,
+            Bill {
+                uncached: 3000,
+                ..Bill::default()
+            }
+        );
         assert!(cache.0.is_empty());
-        bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l, 1000, &[2]), &mut cache, 0);
+        bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l, 1000, &[2]),
+            &mut cache,
+            0,
+        );
         // Read at 4:59, which refreshes the entry; read again 4:59 later.
-        let again = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l, 1000, &[2]), &mut cache, 299_000);
+        let again = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l, 1000, &[2]),
+            &mut cache,
+            299_000,
+        );
         assert_eq!(again.read, 3000);
-        let later = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l, 1000, &[2]), &mut cache, 598_000);
+        let later = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l, 1000, &[2]),
+            &mut cache,
+            598_000,
+        );
         assert_eq!(later.read, 3000);
         assert!(cache.warm(598_000) && !cache.warm(898_000));
-        let cold = bill(Provider::Anthropic, &ANTHROPIC, &blocks(&l, 1000, &[2]), &mut cache, 898_000);
-        assert_eq!(cold, Bill { write_short: 3000, ..Bill::default() });
+        let cold = bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(&l, 1000, &[2]),
+            &mut cache,
+            898_000,
+        );
+        assert_eq!(
+            cold,
+            Bill {
+                write_short: 3000,
+                ..Bill::default()
+            }
+        );
         // A 1-hour breakpoint before a 5-minute one: each span at its own price.
         let mut fresh = Entries::default();
         let mut bs = blocks(&l, 1000, &[1, 2]);
         bs[1].mark = Some(Ttl::Long);
         let b = bill(Provider::Anthropic, &ANTHROPIC, &bs, &mut fresh, 0);
-        assert_eq!(b, Bill { write_long: 2000, write_short: 1000, ..Bill::default() });
+        assert_eq!(
+            b,
+            Bill {
+                write_long: 2000,
+                write_short: 1000,
+                ..Bill::default()
+            }
+        );
         assert!((b.cost(&ANTHROPIC) - 5250.0).abs() < 1e-9);
     }
 
@@ -433,15 +537,43 @@ mod tests {
         let rates = Rates::published(Provider::OpenAi, "gpt-5.2");
         let mut cache = Entries::default();
         let l = ["tools", "sys", "u1", "a1", "u2"];
-        bill(Provider::OpenAi, &rates, &blocks(&l[..3], 700, &[]), &mut cache, 0);
-        let b = bill(Provider::OpenAi, &rates, &blocks(&l, 700, &[]), &mut cache, 1);
-        assert_eq!(b, Bill { read: 2048, uncached: 1452, ..Bill::default() });
+        bill(
+            Provider::OpenAi,
+            &rates,
+            &blocks(&l[..3], 700, &[]),
+            &mut cache,
+            0,
+        );
+        let b = bill(
+            Provider::OpenAi,
+            &rates,
+            &blocks(&l, 700, &[]),
+            &mut cache,
+            1,
+        );
+        assert_eq!(
+            b,
+            Bill {
+                read: 2048,
+                uncached: 1452,
+                ..Bill::default()
+            }
+        );
         let premium = Rates::published(Provider::OpenAi, "gpt-5.6-codex");
         assert_eq!(premium.write_short, 1.25);
         assert_eq!(Rates::published(Provider::OpenAi, "gpt-4o").read, 0.5);
-        assert_eq!(Rates::published(Provider::OpenAi, "gpt-4.1-mini").read, 0.25);
-        assert_eq!(Rates::published(Provider::Anthropic, "claude-opus-4-5").min_tokens, 4096);
-        assert_eq!(Rates::published(Provider::Anthropic, "claude-sonnet-4-5").min_tokens, 1024);
+        assert_eq!(
+            Rates::published(Provider::OpenAi, "gpt-4.1-mini").read,
+            0.25
+        );
+        assert_eq!(
+            Rates::published(Provider::Anthropic, "claude-opus-4-5").min_tokens,
+            4096
+        );
+        assert_eq!(
+            Rates::published(Provider::Anthropic, "claude-sonnet-4-5").min_tokens,
+            1024
+        );
     }
 
     #[test]

@@ -223,7 +223,9 @@ pub(super) fn anchor(
         .filter_map(|r| r.slot)
         .find(|s| s.close < end);
     // Below the model's minimum an entry is not written: no anchor.
-    if let Some(slot) = slot.filter(|s| !s.marked && s.close as u64 / BYTES_PER_TOKEN >= rates.min_tokens) {
+    if let Some(slot) =
+        slot.filter(|s| !s.marked && s.close as u64 / BYTES_PER_TOKEN >= rates.min_tokens)
+    {
         edits.push(Edit {
             span: Span {
                 start: slot.close,

@@ -84,9 +84,9 @@ pub struct Projection {
     pub delta: Delta,
     /// Image placeholders that name an artifact the read tool can show again (C5).
     pub rereadable: usize,
-    /// Images shown now that a later request will replace by such a placeholder (`once`,
-    /// `recent`): the read tool offered now saves rewriting the cached prefix then
-    /// (docs/cache.md).
+    /// Tool-result images shown now that a later request will replace by such a placeholder
+    /// (`once`, `recent`): offering the read tool now, not then, spares one rewrite of the
+    /// provider's whole cached prefix (docs/cache.md).
     pub rereadable_later: usize,
     /// What the context guard did, where it looked at the request.
     pub context: Option<guard::Report>,
@@ -331,7 +331,12 @@ pub(super) fn project_with(
     let accepts = ctx.policy.accepts_images;
     let placed: Vec<edits::Placed> = places
         .iter()
-        .filter_map(|&(at, _, place)| Some(edits::Placed { at, item: item_at(place)? }))
+        .filter_map(|&(at, _, place)| {
+            Some(edits::Placed {
+                at,
+                item: item_at(place)?,
+            })
+        })
         .collect();
     // The delivery state decides first which images may be shown at all (A3, A4, A10).
     let candidates: Vec<Candidate> = places
@@ -395,9 +400,16 @@ pub(super) fn project_with(
     out.rereadable_later = candidates
         .iter()
         .zip(&embedded)
+        .zip(&places)
         .zip(&placed)
-        .filter(|((c, &shown), p)| shown && c.lifetime != Lifetime::Retain && p.item.id.is_some())
+        .filter(|(((c, &shown), (_, _, place)), p)| {
+            shown
+                && c.lifetime != Lifetime::Retain
+                && matches!(place, Place::Tool(..))
+                && p.item.id.is_some()
+        })
         .count();
+
     // Audio: its own gate, budgets and recent pruning; one delivery state (docs/audio.md).
     let audio = sounds::decide(view, ctx, &extracted, &mut out);
     let has_images = !candidates.is_empty();

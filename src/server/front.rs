@@ -199,9 +199,9 @@ impl Shared {
                 }
             }
         };
-        // C1, C5: a request sluice changes nothing in gets no tool (P1), except one whose
-        // images sluice will take out later under the economic policy: offered from the first
-        // such image, the tool never rewrites the provider's cached prefix (docs/cache.md).
+        // C1, C5: a request sluice changes nothing in gets no tool (P1), except, under the
+        // economic policy, one with tool-result images sluice will take out later: added then,
+        // the tool would rewrite the provider's whole cached prefix (docs/cache.md).
         let early = route.config.cache.policy == crate::projection::policy::EditPolicy::Economic
             && projection.rereadable_later > 0;
         let offer = route.config.max_read_steps > 0

@@ -343,7 +343,10 @@ mod tests {
             "never moves back"
         );
         assert_eq!(state.records.len(), 2);
-        assert!(state.last_ms > 0, "the session's cache clock survives reopening");
+        assert!(
+            state.last_ms > 0,
+            "the session's cache clock survives reopening"
+        );
         assert_eq!(state.retired.len(), 2, "retired results survive reopening");
         drop(store);
         let expired = EmbeddedSessions::open(dir.path(), Duration::from_secs(0)).unwrap();

@@ -853,6 +853,43 @@ where
 /// every string value (not the keys) counted on its own with the dialect's tokenizer (o200k;
 /// Claude's estimate for Anthropic), base64 payloads left out, 4 tokens per message or input
 /// item, 1,600 per image part.
+/// An image part's tokens by the provider's published rule, from the size in its header:
+/// Anthropic scales it into a 1568 px long edge and 1.15 megapixels and charges w·h/750;
+/// OpenAI (detail high) fits 2048², scales the short side to 768 and charges 85 + 170 per
+/// 512 px tile. An image whose size cannot be read costs 1,600.
+fn image_tokens(tokenizer: sluice::tokens::Tokenizer, part: &Value) -> u64 {
+    use base64::Engine;
+    let data = part["source"]["data"]
+        .as_str()
+        .or_else(|| part["image_url"].as_str())
+        .or_else(|| part["image_url"]["url"].as_str())
+        .unwrap_or("");
+    let data = data.split_once(";base64,").map_or(data, |(_, d)| d);
+    let head = &data[..data.len().min(64 * 1024) / 4 * 4];
+    let size = base64::engine::general_purpose::STANDARD
+        .decode(head)
+        .ok()
+        .and_then(|bytes| {
+            image::ImageReader::new(std::io::Cursor::new(bytes))
+                .with_guessed_format()
+                .ok()?
+                .into_dimensions()
+                .ok()
+        });
+    let Some((w, h)) = size else { return 1600 };
+    let (w, h) = (f64::from(w), f64::from(h));
+    if tokenizer == sluice::tokens::Tokenizer::Claude {
+        let scale = (1568.0 / w.max(h))
+            .min((1_150_000.0 / (w * h)).sqrt())
+            .min(1.0);
+        return ((w * scale).round() * (h * scale).round() / 750.0).ceil() as u64;
+    }
+    let fit = (2048.0 / w.max(h)).min(1.0);
+    let short = (768.0 / (w.min(h) * fit)).min(1.0);
+    let tiles = (w * fit * short / 512.0).ceil() * (h * fit * short / 512.0).ceil();
+    85 + 170 * tiles as u64
+}
+
 fn reference_tokens(dialect: Dialect, request: &Value) -> u64 {
     use sluice::tokens::Tokenizer;
     let tokenizer = match dialect {
@@ -888,7 +925,7 @@ fn reference_tokens(dialect: Dialect, request: &Value) -> u64 {
                     map.get("type").and_then(Value::as_str),
                     Some("image" | "image_url" | "input_image")
                 ) {
-                    *total += 1600;
+                    *total += image_tokens(tokenizer, v);
                 }
                 map.values().for_each(|i| walk(i, tokenizer, total));
             }

@@ -184,7 +184,10 @@ fn positions(
         ));
     }
     if marks.windows(2).any(|w| !w[0] && w[1]) {
-        return Err("a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block".into());
+        return Err(
+            "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block"
+                .into(),
+        );
     }
     Ok(out)
 }
@@ -210,9 +213,15 @@ fn minimum(anthropic: bool, model: &str) -> u64 {
     if !anthropic {
         return 1024;
     }
-    if ["opus-4-5", "opus-4-6", "haiku-4-5"].iter().any(|m| model.contains(m)) {
+    if ["opus-4-5", "opus-4-6", "haiku-4-5"]
+        .iter()
+        .any(|m| model.contains(m))
+    {
         4096
-    } else if ["opus-4-7", "haiku-3-5", "3-5-haiku"].iter().any(|m| model.contains(m)) {
+    } else if ["opus-4-7", "haiku-3-5", "3-5-haiku"]
+        .iter()
+        .any(|m| model.contains(m))
+    {
         2048
     } else {
         1024
