@@ -251,18 +251,13 @@ struct Side {
     cost: f64,
 }
 
-fn read_price(path: &str) -> f64 {
-    if path == "/v1/messages" {
-        0.1
-    } else {
-        0.1 // GPT-5 family
-    }
-}
+/// The cache-read price of both sessions' models: Claude Sonnet 4.5 and GPT-5.2 read at 0.1×.
+const READ_PRICE: f64 = 0.1;
 
-fn sum(billed: &[mock::prompt_cache::Counted], path: &str) -> Side {
+fn sum(billed: &[mock::prompt_cache::Counted]) -> Side {
     billed.iter().fold(Side::default(), |s, c| Side {
         tokens: s.tokens + c.total,
-        cost: s.cost + c.cost(read_price(path)),
+        cost: s.cost + c.cost(READ_PRICE),
     })
 }
 
@@ -344,11 +339,7 @@ fn run(
             );
         }
     }
-    (
-        sum(&direct.billed(), shape.path),
-        sum(&through.billed(), shape.path),
-        failed,
-    )
+    (sum(&direct.billed()), sum(&through.billed()), failed)
 }
 
 fn main() {
@@ -374,6 +365,7 @@ fn main() {
                     EditPolicy::Eager,
                     Breakpoints::Off,
                 ),
+                ("eager + breakpoints", EditPolicy::Eager, Breakpoints::Auto),
                 (
                     "economic + breakpoints",
                     EditPolicy::Economic,

@@ -98,6 +98,7 @@ fn view(c: &mut Criterion) {
                 policy: route.policy(&route.read_tool),
                 memo,
                 state: &SessionState::default(),
+                now_ms: 0,
             };
             let p = project(&view, &ctx);
             for (k, v) in p.memos {
@@ -116,6 +117,7 @@ fn view(c: &mut Criterion) {
                         policy: route.policy(&route.read_tool),
                         memo: &memo,
                         state: &SessionState::default(),
+                        now_ms: 0,
                     };
                     let projection = project(&view, &ctx);
                     drop(view);
@@ -134,6 +136,7 @@ fn view(c: &mut Criterion) {
                 policy: route.policy(&route.read_tool),
                 memo: &cold,
                 state: &SessionState::default(),
+                now_ms: 0,
             };
             black_box(project(&view, &ctx));
         }
@@ -149,6 +152,7 @@ fn view(c: &mut Criterion) {
                         policy: route.policy(&route.read_tool),
                         memo,
                         state: &SessionState::default(),
+                        now_ms: 0,
                     };
                     black_box(project(&view, &ctx));
                 })
@@ -357,6 +361,7 @@ fn images(c: &mut Criterion) {
         content: (&*content).into(),
         span: sluice::projection::Span { start: 0, end: 0 },
         digest: xxhash_rust::xxh3::xxh3_128(content.get().as_bytes()),
+        slot: None,
     };
     memo.tool_images(&result, &tenant);
     group.bench_function("extract_and_check_remembered/2mb_screenshot", |b| {

@@ -139,6 +139,7 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
             policy: route.policy(&route.read_tool),
             memo: &memo,
             state: &state,
+            now_ms: 0,
         };
         let projection = project_prepared(&view, &ctx, prepared);
         let planned = at.elapsed();

@@ -90,6 +90,7 @@ impl Session {
             policy: self.route.policy(&self.route.read_tool),
             memo: &self.memo,
             state: &state,
+            now_ms: 0,
         };
         let p = project(&view, &ctx);
         drop(view);
@@ -109,6 +110,7 @@ impl Session {
             policy: self.route.policy(&self.route.read_tool),
             memo: &self.memo,
             state: &self.state,
+            now_ms: 0,
         };
         let p = project(&view, &ctx);
         drop(view);

@@ -376,12 +376,22 @@ fn pattern(requests: &[Value]) -> Vec<usize> {
     seen.into_values().collect()
 }
 
-/// `recent` screenshots (3 kept, pruned 2 at a time, SPEC A4) over 8 turns, then 4 more.
+/// `recent` screenshots (3 kept, pruned 2 at a time, SPEC A4 as written: `policy = "eager"`)
+/// over 8 turns, then 4 more.
 const RECENT: [usize; 12] = [1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2];
+
+/// The default (economic) policy's promise (docs/cache.md): every request shows at least the
+/// `recent_count` (3) newest screenshots, and never more than were taken.
+fn keeps_recent(pattern: &[usize]) -> bool {
+    pattern
+        .iter()
+        .enumerate()
+        .all(|(i, &n)| n >= (i + 1).min(3) && n <= i + 1)
+}
 
 #[test]
 #[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
-fn claude_code_screenshots_follow_the_recent_pattern() {
+fn claude_code_screenshots_keep_the_newest_three_on_every_request() {
     let mock = MockUpstream::start();
     // The inspector on, and a provider cache that reports usage: the session's records are
     // checked at the end.
@@ -417,7 +427,9 @@ fn claude_code_screenshots_follow_the_recent_pattern() {
         .into_iter()
         .filter(|r| r.to_string().contains("browser_take_screenshot"))
         .collect();
-    assert_eq!(pattern(&turns), RECENT[..8], "images shown per turn");
+    let shown = pattern(&turns);
+    assert_eq!(shown.len(), 8, "{shown:?}");
+    assert!(keeps_recent(&shown), "images shown per turn: {shown:?}");
     let (ok, out, err) = claude(&["-p", "Keep watching. mock:screenshots=12", "--continue"]);
     println!("--- claude --continue stdout:\n{out}\n--- stderr:\n{err}");
     assert!(ok, "claude --continue failed");
@@ -425,11 +437,17 @@ fn claude_code_screenshots_follow_the_recent_pattern() {
         .into_iter()
         .filter(|r| r.to_string().contains("browser_take_screenshot"))
         .collect();
-    assert_eq!(
-        pattern(&turns),
-        RECENT,
-        "the next prompt continues the pattern"
+    let shown = pattern(&turns);
+    assert_eq!(shown.len(), 12, "{shown:?}");
+    assert!(
+        keeps_recent(&shown),
+        "the next prompt keeps the promise: {shown:?}"
     );
+    // Claude Code's three breakpoints and at most one of sluice's: never past four.
+    for r in on(&mock, "/v1/messages") {
+        let markers = r.to_string().matches("\"cache_control\"").count();
+        assert!(markers <= 4, "{markers} breakpoints");
+    }
     inspected_screenshots(&sluice, "sk-ant-test");
 }
 
@@ -469,7 +487,8 @@ fn inspected_screenshots(sluice: &Sluice, key: &str) {
         .flat_map(|t| t["images"].as_array().unwrap())
         .map(|i| i["fate"].as_str().unwrap().to_string())
         .collect();
-    assert!(fates.iter().any(|f| f == "embedded") && fates.iter().any(|f| f == "placeholder"));
+    // Placeholders only once a prune paid (docs/cache.md): not every 12-turn session has one.
+    assert!(fates.iter().any(|f| f == "embedded"));
     let mut ratios = Vec::new();
     for t in &shots {
         assert_eq!(t["stream"], true, "{t}");
@@ -497,7 +516,7 @@ fn inspected_screenshots(sluice: &Sluice, key: &str) {
     println!("Claude Code screenshots, session totals: {totals}");
     assert_eq!(totals["completed"], busiest["turns"], "{totals}");
     assert!(
-        totals["images_placeholders"].as_u64().unwrap() > 0,
+        totals["images_embedded"].as_u64().unwrap() >= 12,
         "{totals}"
     );
 }
@@ -506,7 +525,11 @@ fn inspected_screenshots(sluice: &Sluice, key: &str) {
 #[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
 fn codex_screenshots_follow_the_recent_pattern_with_detail_kept() {
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    // A4's batches as written; the Claude Code test runs the default (economic) policy.
+    let sluice = Sluice::start(&common::on_every_route(
+        &config_for(&mock.base_url(), ""),
+        "cache.policy = \"eager\"",
+    ));
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let server = format!(

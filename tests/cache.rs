@@ -4,6 +4,8 @@
 //! (A4 economic), every pending one at once on a cold cache; Anthropic breakpoints are added in
 //! the slots the client leaves free, never past four; the inspector's bill is the mock's.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
 mod common;
 
 use common::mock::MockUpstream;

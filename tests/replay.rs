@@ -54,40 +54,49 @@ fn the_readme_shows_what_replay_prints_for_each_example_trace() {
     }
 }
 
+/// The JSON report's totals add up, and pricing edits (docs/cache.md) bills the browser trace
+/// less than pruning eagerly did, though it forwards more tokens.
 #[test]
-fn the_json_report_has_the_same_totals_and_the_tuned_browser_trace_costs_less() {
-    let out = replay(&[
+fn the_json_report_has_the_same_totals_and_priced_edits_bill_less_than_eager_ones() {
+    let report = |args: &[&str]| -> Value {
+        let out = replay(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let priced = report(&["--json", "examples/browser-session.jsonl"]);
+    let eager = report(&[
         "--json",
         "--config",
         "examples/browser.toml",
         "examples/browser-session.jsonl",
     ]);
+    for r in [&priced, &eager] {
+        let totals = &r["totals"];
+        assert_eq!(r["requests"], 21);
+        assert_eq!(totals["turns"], 21);
+        assert_eq!(r["failed"], serde_json::json!([]));
+        assert!(totals["forwarded_tokens"].as_u64() < totals["received_tokens"].as_u64());
+        let turns = r["sessions"][0]["turns"].as_array().unwrap();
+        let sum: u64 = turns
+            .iter()
+            .map(|t| t["received_tokens"].as_u64().unwrap())
+            .sum();
+        assert_eq!(Some(sum), totals["received_tokens"].as_u64());
+        assert!(totals["images"]["placeholder"].as_u64().unwrap() > 0);
+    }
+    let cost = |r: &Value| r["totals"]["cost_forwarded"].as_f64().unwrap();
+    let tokens = |r: &Value| r["totals"]["forwarded_tokens"].as_u64().unwrap();
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        cost(&priced) < cost(&eager),
+        "{} vs {}",
+        cost(&priced),
+        cost(&eager)
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let totals = &report["totals"];
-    assert_eq!(report["requests"], 21);
-    assert_eq!(totals["turns"], 21);
-    assert_eq!(report["failed"], serde_json::json!([]));
-    let (sent, forwarded) = (
-        totals["cost_received"].as_f64().unwrap(),
-        totals["cost_forwarded"].as_f64().unwrap(),
-    );
-    assert!(
-        forwarded < sent,
-        "cache-weighted cost {forwarded} is not below {sent}"
-    );
-    assert!(totals["forwarded_tokens"].as_u64() < totals["received_tokens"].as_u64());
-    let turns = report["sessions"][0]["turns"].as_array().unwrap();
-    let sum: u64 = turns
-        .iter()
-        .map(|t| t["received_tokens"].as_u64().unwrap())
-        .sum();
-    assert_eq!(Some(sum), totals["received_tokens"].as_u64());
-    assert!(totals["images"]["placeholder"].as_u64().unwrap() > 0);
+    assert!(tokens(&priced) > tokens(&eager));
 }
 
 #[test]

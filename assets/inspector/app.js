@@ -24,7 +24,18 @@ function el(tag, attrs = {}, ...children) {
 }
 
 const fmt = (n) => Math.round(Number(n) || 0).toLocaleString("en-US");
-const pct = (from, to) => (from > 0 ? `${Math.round((1 - to / from) * 100)} %` : "–");
+/** `to` against `from` as a change: a saving in green ("−16 %"), a loss in red ("+16 %"). */
+function change(from, to) {
+  if (!(from > 0)) return el("span", { class: "help" }, "–");
+  const d = Math.round((to / from - 1) * 100);
+  return d <= 0
+    ? el("span", { class: "saved", title: "less than the agent's own" }, `−${-d} %`)
+    : el("span", { class: "lost", title: "more than the agent's own" }, `+${d} %`);
+}
+/** A bill by kind: read, written, uncached (the exact cache model, docs/cache.md). */
+const billed = (b) => b
+  ? `read ${fmt(b.read)} · written ${fmt(b.write_short + b.write_long)} · uncached ${fmt(b.uncached)}`
+  : "–";
 const when = (ms) => new Date(ms).toLocaleString();
 const say = (text) => { $("#status").textContent = text; };
 
@@ -67,9 +78,9 @@ async function showSessions() {
       el("td", { class: "num" }, fmt(s.turns)),
       el("td", {}, when(s.last_ms)),
       el("td", { class: "num" }, `${fmt(t.received_tokens)} → ${fmt(t.forwarded_tokens)} `,
-        el("span", { class: "saved" }, pct(t.received_tokens, t.forwarded_tokens))),
+        change(t.received_tokens, t.forwarded_tokens)),
       el("td", { class: "num" }, `${fmt(t.received_cost)} → ${fmt(t.forwarded_cost)} `,
-        el("span", { class: "saved" }, pct(t.received_cost, t.forwarded_cost)))));
+        change(t.received_cost, t.forwarded_cost))));
   }
   $("#sessions-section").hidden = false;
   $("#forget").hidden = false;
@@ -91,10 +102,10 @@ function savings(t, turns) {
     fact("completed", "Turns completed (failed)", t.completed, `${fmt(t.completed)} (${fmt(t.failed)})`),
     fact("received_tokens", "Input tokens the agent sent", t.received_tokens),
     fact("forwarded_tokens", "Input tokens the model got", t.forwarded_tokens, fmt(t.forwarded_tokens),
-      el("span", { class: "saved" }, `−${pct(t.received_tokens, t.forwarded_tokens)}`)),
-    fact("received_cost", "Cache-weighted cost as sent", t.received_cost),
-    fact("forwarded_cost", "Cache-weighted cost as forwarded", t.forwarded_cost, fmt(t.forwarded_cost),
-      el("span", { class: "saved" }, `−${pct(t.received_cost, t.forwarded_cost)}`)),
+      change(t.received_tokens, t.forwarded_tokens)),
+    fact("received_cost", "Billed input, as the agent sent it (uncached tokens)", t.received_cost),
+    fact("forwarded_cost", "Billed input, as forwarded (uncached tokens)", t.forwarded_cost, fmt(t.forwarded_cost),
+      change(t.received_cost, t.forwarded_cost)),
     fact("provider_cached", "Provider: cached input tokens", t.provider_cached),
     fact("provider_input", "Provider: all input tokens", t.provider_input),
     fact("estimate_vs_provider", "Cacheable prefix, estimate vs provider (kept turns)",
@@ -179,6 +190,17 @@ function turnView(turn, n) {
     el("span", { class: "facts" }, `${turn.model} · ${turn.dialect} · ${turn.stream ? "streamed" : "whole"}`),
     el("span", { class: "facts" }, `tokens ${fmt(turn.received.tokens)} → ${fmt(turn.forwarded.tokens)}`),
     el("span", { class: "facts" }, `cacheable prefix ${fmt(turn.prefix.forwarded_tokens)} · ${usage}`),
+    el("span", { class: "facts", "data-bill": "forwarded" },
+      `billed: ${billed(turn.bill && turn.bill.forwarded)} (agent alone: ${billed(turn.bill && turn.bill.received)}) · `,
+      change(turn.cost.received, turn.cost.forwarded)),
+    turn.cache_break
+      ? el("span", { class: "facts lost", "data-break": turn.cache_break.cause },
+        `cache broke at block ${fmt(turn.cache_break.block)}: ${{
+          ttl: "idle past the cache's lifetime",
+          client: "the agent changed its own history",
+          sluice: "sluice's edit (an image pruned, a result retired, a tool added)",
+        }[turn.cache_break.cause] || turn.cache_break.cause}; ${fmt(turn.cache_break.rewritten)} tokens written again`)
+      : null,
     el("span", { class: "facts" }, `sluice ${turn.ms.sluice.toFixed(2)} ms · upstream ${turn.ms.upstream.toFixed(1)} ms`),
     el("span", { class: "facts" }, turn.projection));
   const rows = turn.results.map(resultRow);

@@ -343,6 +343,23 @@ mod tests {
         ttl_seconds: None,
     };
 
+    /// Bills blocks of `tokens` each (labelled, with breakpoints at `marks`) at `at` ms.
+    fn anthropic(
+        cache: &mut Entries,
+        labels: &[&str],
+        tokens: u64,
+        marks: &[usize],
+        at: u64,
+    ) -> Bill {
+        bill(
+            Provider::Anthropic,
+            &ANTHROPIC,
+            &blocks(labels, tokens, marks),
+            cache,
+            at,
+        )
+    }
+
     /// Blocks of `tokens` each, hashed by their labels' running concatenation, with breakpoints.
     fn blocks(labels: &[&str], tokens: u64, marks: &[usize]) -> Vec<Block> {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -392,22 +409,10 @@ mod tests {
     fn an_edit_before_the_last_entry_falls_back_to_an_earlier_breakpoint() {
         let mut cache = Entries::default();
         let labels = ["sys", "u1", "a1", "img", "a2", "u3"];
-        bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&labels, 1000, &[1, 5]),
-            &mut cache,
-            0,
-        );
+        anthropic(&mut cache, &labels, 1000, &[1, 5], 0);
         // The image is pruned: no entry at or after it matches; the one at u1 does.
         let pruned = ["sys", "u1", "a1", "placeholder", "a2", "u3", "a3", "u4"];
-        let b = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&pruned, 1000, &[1, 7]),
-            &mut cache,
-            1,
-        );
+        let b = anthropic(&mut cache, &pruned, 1000, &[1, 7], 1);
         assert_eq!(
             b,
             Bill {
@@ -423,38 +428,14 @@ mod tests {
         let labels: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
         let l: Vec<&str> = labels.iter().map(String::as_str).collect();
         let mut cache = Entries::default();
-        bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l[..5], 500, &[4]),
-            &mut cache,
-            0,
-        );
+        anthropic(&mut cache, &l[..5], 500, &[4], 0);
         // Breakpoint 24 blocks later (index 24, 20 back reaches index 5): no hit.
-        let far = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l[..25], 500, &[24]),
-            &mut cache,
-            1,
-        );
+        let far = anthropic(&mut cache, &l[..25], 500, &[24], 1);
         assert_eq!(far.read, 0);
         let mut cache2 = Entries::default();
-        bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l[..5], 500, &[4]),
-            &mut cache2,
-            0,
-        );
+        anthropic(&mut cache2, &l[..5], 500, &[4], 0);
         // 20 blocks from index 23 reach index 4: a hit.
-        let near = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l[..24], 500, &[23]),
-            &mut cache2,
-            1,
-        );
+        let near = anthropic(&mut cache2, &l[..24], 500, &[23], 1);
         assert_eq!(near.read, 2500);
     }
 
@@ -462,13 +443,7 @@ mod tests {
     fn no_breakpoint_no_cache_and_ttls_lapse_and_price_by_breakpoint() {
         let mut cache = Entries::default();
         let l = ["a", "b", "c"];
-        let none = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l, 1000, &[]),
-            &mut cache,
-            0,
-        );
+        let none = anthropic(&mut cache, &l, 1000, &[], 0);
         assert_eq!(
             none,
             Bill {
@@ -477,38 +452,14 @@ mod tests {
             }
         );
         assert!(cache.0.is_empty());
-        bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l, 1000, &[2]),
-            &mut cache,
-            0,
-        );
+        anthropic(&mut cache, &l, 1000, &[2], 0);
         // Read at 4:59, which refreshes the entry; read again 4:59 later.
-        let again = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l, 1000, &[2]),
-            &mut cache,
-            299_000,
-        );
+        let again = anthropic(&mut cache, &l, 1000, &[2], 299_000);
         assert_eq!(again.read, 3000);
-        let later = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l, 1000, &[2]),
-            &mut cache,
-            598_000,
-        );
+        let later = anthropic(&mut cache, &l, 1000, &[2], 598_000);
         assert_eq!(later.read, 3000);
         assert!(cache.warm(598_000) && !cache.warm(898_000));
-        let cold = bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(&l, 1000, &[2]),
-            &mut cache,
-            898_000,
-        );
+        let cold = anthropic(&mut cache, &l, 1000, &[2], 898_000);
         assert_eq!(
             cold,
             Bill {

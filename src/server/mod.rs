@@ -190,6 +190,25 @@ impl Server {
                     .provider_input_tokens_total
                     .with_label_values(&[route.name.as_str(), kind]);
             }
+            for side in ["received", "forwarded"] {
+                for kind in ["read", "write", "uncached"] {
+                    metrics.cache_tokens_total.with_label_values(&[
+                        route.name.as_str(),
+                        side,
+                        kind,
+                    ]);
+                }
+            }
+            for cause in ["ttl", "client", "sluice"] {
+                metrics
+                    .cache_breaks_total
+                    .with_label_values(&[route.name.as_str(), cause]);
+            }
+        }
+        for route in &config.routes {
+            metrics
+                .deferred_edits_total
+                .with_label_values(&[route.name.as_str()]);
         }
         let ttl = Duration::from_secs(config.store.idle_ttl_seconds);
         let (backend, sessions) = match config.store.backend {

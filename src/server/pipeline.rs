@@ -151,6 +151,12 @@ impl App {
             .upstream_duration_seconds
             .with_label_values(&[ctx.dialect, &route.config.name])
             .observe((answered_at - sent_at).as_secs_f64());
+        if projection.summary.deferred_edits > 0 {
+            self.metrics
+                .deferred_edits_total
+                .with_label_values(&[&route.config.name])
+                .inc_by(projection.summary.deferred_edits as u64);
+        }
         let summary = if projection.summary == Summary::default() {
             Ok(HeaderValue::from_static(NOTHING_PROJECTED))
         } else {
