@@ -188,7 +188,7 @@ async fn screenshots_are_pruned_when_it_pays_and_the_bill_falls_below_the_agents
 #[tokio::test]
 async fn a_cold_cache_takes_every_pending_prune_at_once() {
     let mock = MockUpstream::start();
-    let config = on_every_route(&config_for(&mock.base_url(), ""), "cache.ttl_seconds = 1");
+    let config = on_every_route(&config_for(&mock.base_url(), ""), "cache.ttl_seconds = 3");
     let sluice = Sluice::start(&config);
     let mut last = String::new();
     for t in 1..=6 {
@@ -199,7 +199,7 @@ async fn a_cold_cache_takes_every_pending_prune_at_once() {
     assert_eq!(field(&last, "embedded"), 6, "{last}");
     assert_eq!(field(&last, "deferred_edits"), 3, "{last}");
     // Commits land behind the response; then the idle gap.
-    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(3300)).await;
     let (status, projection) = send(&sluice.url(""), "cold", &claude_code(7)).await;
     assert_eq!(status, 200);
     assert_eq!(field(&projection, "embedded"), 3, "{projection}");

@@ -17,11 +17,20 @@ use serde_json::{json, Value};
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
 
-/// A config whose `[store]` table comes before the routes (TOML tables cannot repeat).
+/// A config whose `[store]` table comes before the routes (TOML tables cannot repeat), with
+/// A4's batches as written (`policy = "eager"`).
 fn config(mock: &MockUpstream, redis: &str) -> String {
-    let base = config_for(
-        &mock.base_url(),
-        &format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\n"),
+    economic(mock, redis, "cache.policy = \"eager\"")
+}
+
+/// The same under the default (economic) policy, with `lines` on every route.
+fn economic(mock: &MockUpstream, redis: &str, lines: &str) -> String {
+    let base = common::on_every_route(
+        &config_for(
+            &mock.base_url(),
+            &format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\n"),
+        ),
+        lines,
     );
     format!("{base}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n")
 }
@@ -98,6 +107,53 @@ async fn two_processes_serve_alternate_turns_of_one_session() {
         [1, 2, 3, 2, 3, 2, 3, 2],
         "the state moved between the processes"
     );
+}
+
+/// The session's cache clock (docs/cache.md: `last_ms`, the records hash's `@last`) is shared:
+/// prunes put off on a warm cache by one process are all made by the other once it has gone
+/// cold.
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn a_cold_cache_is_seen_by_every_replica() {
+    let mock = MockUpstream::start();
+    let config = economic(&mock, REDIS, "cache.ttl_seconds = 3");
+    let (a, b) = (Sluice::start(&config), Sluice::start(&config));
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let session = uuid::Uuid::new_v4().to_string();
+    let (mut done_a, mut done_b) = (0.0, 0.0);
+    let mut deferred = String::new();
+    for turn in 1..=6 {
+        let sluice = if turn % 2 == 1 { &a } else { &b };
+        let resp = send_turn(sluice, &key, &session, turn).await;
+        assert_eq!(resp.status(), 200);
+        deferred = resp.headers()["x-sluice-projection"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        if turn % 2 == 1 {
+            done_a += 1.0;
+            committed(&a, done_a).await;
+        } else {
+            done_b += 1.0;
+            committed(&b, done_b).await;
+        }
+    }
+    // Tiny screenshots never pay for a rewrite while the cache is warm.
+    assert!(
+        deferred.contains("embedded=6; ") && deferred.ends_with("deferred_edits=3"),
+        "{deferred}"
+    );
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    let resp = send_turn(&a, &key, &session, 7).await;
+    let projection = resp.headers()["x-sluice-projection"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        projection.starts_with("spilled=0; embedded=3; "),
+        "{projection}"
+    );
+    assert!(!projection.contains("deferred_edits"), "{projection}");
 }
 
 #[tokio::test]
@@ -382,12 +438,13 @@ async fn a_long_session_keeps_a_bounded_state_in_redis() {
 async fn retired_results_are_shared_by_replicas() {
     let mock = MockUpstream::start();
     mock.context_window(Some(12_000));
+    // The guard's own edits only: no breakpoint of sluice's (docs/cache.md).
     let guarded = guard_routes(
         &config_for(
             &mock.base_url(),
             &format!("[store]\nbackend = \"redis\"\nredis_url = \"{REDIS}\"\n"),
         ),
-        "window_tokens = 12000\noutput_tokens = 1000\n",
+        "window_tokens = 12000\noutput_tokens = 1000\n[routes.cache]\nbreakpoints = \"off\"\n",
     );
     let (a, b) = (Sluice::start(&guarded), Sluice::start(&guarded));
     let key = format!("sk-{}", uuid::Uuid::new_v4());
