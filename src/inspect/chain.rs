@@ -256,7 +256,9 @@ pub fn chain(
 }
 /// A part as a provider's cache sees it: a `cache_control` marker says where to cache, it is
 /// not content (Claude Code moves its breakpoint to the newest message every turn and still
-/// reads the rest from the cache).
+/// reads the rest from the cache). A marker written as one compact member (as sluice's anchor
+/// and the SDKs write it) is cut from the text, so the part hashes as the same part sent
+/// unmarked, byte for byte; any other is dropped from a re-serialisation.
 fn without_breakpoints(part: &str) -> std::borrow::Cow<'_, str> {
     fn strip(v: &mut serde_json::Value) {
         match v {
@@ -268,8 +270,22 @@ fn without_breakpoints(part: &str) -> std::borrow::Cow<'_, str> {
             _ => {}
         }
     }
+    const MARKERS: [&str; 3] = [
+        r#""cache_control":{"type":"ephemeral"}"#,
+        r#""cache_control":{"type":"ephemeral","ttl":"5m"}"#,
+        r#""cache_control":{"type":"ephemeral","ttl":"1h"}"#,
+    ];
     if !part.contains("\"cache_control\"") {
         return std::borrow::Cow::Borrowed(part);
+    }
+    let mut cut = part.to_string();
+    for marker in MARKERS {
+        cut = cut
+            .replace(&format!(",{marker}"), "")
+            .replace(&format!("{marker},"), "");
+    }
+    if !cut.contains("\"cache_control\"") {
+        return std::borrow::Cow::Owned(cut);
     }
     match serde_json::from_str::<serde_json::Value>(part) {
         Ok(mut v) => {
@@ -385,6 +401,18 @@ mod tests {
         // A role is part of the hash: the same text from the assistant is another block.
         let swapped = top.replace(r#""role":"user""#, r#""role":"assistant""#);
         assert_eq!(anthropic_of(&swapped, 0).shared(&t), t.links[0].1);
+    }
+
+    /// A marker sluice inserted into a block the client sent is not content: the marked block
+    /// hashes as the block sent unmarked, byte for byte, whatever escapes its text uses.
+    #[test]
+    fn an_inserted_marker_leaves_the_blocks_bytes_as_sent() {
+        let bare = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"caf\u00e9 \/ x"},{"type":"text","text":"go"}]}]}"#;
+        let marked = bare.replace(r#"x"}"#, r#"x","cache_control":{"type":"ephemeral"}}"#);
+        assert_ne!(marked, bare);
+        let (a, b) = (anthropic_of(bare, 0), anthropic_of(&marked, 0));
+        assert_eq!(a.links, b.links);
+        assert_eq!(b.marks, vec![(0, Ttl::Short)]);
     }
 
     /// The bill follows the exact model: Anthropic without a breakpoint caches nothing; with
