@@ -296,6 +296,9 @@ async fn official_sdks_get_one_response_while_the_model_reads_on() {
     for coding in [None, Some("gzip"), Some("deflate")] {
         let mock = MockUpstream::start();
         mock.compress(coding);
+        // The script checks that the rounds' usage is summed: each round reports the mock's
+        // fixed usage (10 in, 5 out), not a prompt cache's count.
+        mock.prompt_cache(false);
         let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
         let s = &sluice;
         tokio::task::block_in_place(|| run_script(s, &["--read", &file]));
