@@ -58,6 +58,22 @@ async fn send_turn(sluice: &Sluice, key: &str, session: &str, turn: usize) -> re
         .unwrap()
 }
 
+/// Turn `turn` sent to the first process when odd, the second when even, once that process has
+/// written it (`done` counts each one's commits).
+async fn alternate(
+    pair: [&Sluice; 2],
+    done: &mut [f64; 2],
+    key: &str,
+    session: &str,
+    turn: usize,
+) -> reqwest::Response {
+    let i = (turn + 1) % 2;
+    let resp = send_turn(pair[i], key, session, turn).await;
+    done[i] += 1.0;
+    committed(pair[i], done[i]).await;
+    resp
+}
+
 async fn committed(sluice: &Sluice, n: f64) {
     for _ in 0..300 {
         if metric(
@@ -83,10 +99,9 @@ async fn two_processes_serve_alternate_turns_of_one_session() {
     let key = format!("sk-{}", uuid::Uuid::new_v4());
     let session = uuid::Uuid::new_v4().to_string();
     let mut shown = Vec::new();
-    let (mut done_a, mut done_b) = (0.0, 0.0);
+    let mut done = [0.0; 2];
     for turn in 1..=8 {
-        let sluice = if turn % 2 == 1 { &a } else { &b };
-        send_turn(sluice, &key, &session, turn).await;
+        alternate([&a, &b], &mut done, &key, &session, turn).await;
         shown.push(
             mock.last()
                 .json()
@@ -94,13 +109,6 @@ async fn two_processes_serve_alternate_turns_of_one_session() {
                 .matches("\"type\":\"image\"")
                 .count(),
         );
-        if turn % 2 == 1 {
-            done_a += 1.0;
-            committed(&a, done_a).await;
-        } else {
-            done_b += 1.0;
-            committed(&b, done_b).await;
-        }
     }
     assert_eq!(
         shown,
@@ -120,23 +128,15 @@ async fn a_cold_cache_is_seen_by_every_replica() {
     let (a, b) = (Sluice::start(&config), Sluice::start(&config));
     let key = format!("sk-{}", uuid::Uuid::new_v4());
     let session = uuid::Uuid::new_v4().to_string();
-    let (mut done_a, mut done_b) = (0.0, 0.0);
+    let mut done = [0.0; 2];
     let mut deferred = String::new();
     for turn in 1..=6 {
-        let sluice = if turn % 2 == 1 { &a } else { &b };
-        let resp = send_turn(sluice, &key, &session, turn).await;
+        let resp = alternate([&a, &b], &mut done, &key, &session, turn).await;
         assert_eq!(resp.status(), 200);
         deferred = resp.headers()["x-sluice-projection"]
             .to_str()
             .unwrap()
             .to_string();
-        if turn % 2 == 1 {
-            done_a += 1.0;
-            committed(&a, done_a).await;
-        } else {
-            done_b += 1.0;
-            committed(&b, done_b).await;
-        }
     }
     // Tiny screenshots never pay for a rewrite while the cache is warm.
     assert!(

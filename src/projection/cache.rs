@@ -154,41 +154,43 @@ impl Bill {
     }
 }
 
-/// The entries a cache holds: a prefix's hash, when it expires (ms), its TTL.
+/// The entries a cache holds: by a prefix's hash, when it expires (ms) and its TTL. Looked up
+/// once per block of every request billed, so by key, not by scanning.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entries(pub Vec<(u64, u64, Ttl)>);
+pub struct Entries(pub std::collections::BTreeMap<u64, (u64, Ttl)>);
 
 impl Entries {
-    fn live(&self, hash: u64, now_ms: u64) -> Option<usize> {
+    /// The TTL of the live entry at `hash`.
+    fn live(&self, hash: u64, now_ms: u64) -> Option<Ttl> {
         self.0
-            .iter()
-            .position(|&(h, expires, _)| h == hash && expires > now_ms)
+            .get(&hash)
+            .filter(|(expires, _)| *expires > now_ms)
+            .map(|&(_, ttl)| ttl)
     }
 
     /// Writes (or refreshes) an entry; the longer of two TTLs stays.
     fn put(&mut self, hash: u64, now_ms: u64, ttl: Ttl, rates: &Rates) {
         let expires = now_ms.saturating_add(rates.ttl_ms(ttl));
-        match self.0.iter_mut().find(|e| e.0 == hash) {
-            Some(e) => {
-                e.2 = e.2.max(ttl);
-                e.1 = e.1.max(expires);
-            }
-            None => self.0.push((hash, expires, ttl)),
-        }
+        let e = self.0.entry(hash).or_insert((expires, ttl));
+        e.0 = e.0.max(expires);
+        e.1 = e.1.max(ttl);
     }
 
     /// Drops what expired by `now_ms`, then the soonest to expire past [`MAX_ENTRIES`].
     fn expire(&mut self, now_ms: u64) {
-        self.0.retain(|e| e.1 > now_ms);
+        self.0.retain(|_, e| e.0 > now_ms);
         if self.0.len() > MAX_ENTRIES {
-            self.0.sort_unstable_by_key(|e| std::cmp::Reverse(e.1));
-            self.0.truncate(MAX_ENTRIES);
+            let mut by_expiry: Vec<(u64, u64)> = self.0.iter().map(|(h, e)| (e.0, *h)).collect();
+            by_expiry.sort_unstable();
+            for (_, hash) in by_expiry.into_iter().take(self.0.len() - MAX_ENTRIES) {
+                self.0.remove(&hash);
+            }
         }
     }
 
     /// Whether any entry is still live at `now_ms`: the cache is warm.
     pub fn warm(&self, now_ms: u64) -> bool {
-        self.0.iter().any(|e| e.1 > now_ms)
+        self.0.values().any(|e| e.0 > now_ms)
     }
 }
 
@@ -242,9 +244,8 @@ fn anthropic(
         }
     }
     let read = match hit {
-        Some((j, e)) => {
-            let (hash, _, ttl) = entries.0[e];
-            entries.put(hash, now_ms, ttl, rates);
+        Some((j, ttl)) => {
+            entries.put(blocks[j].hash, now_ms, ttl, rates);
             prefix[j]
         }
         None => 0,

@@ -49,9 +49,11 @@ pub fn rates(view: &RequestView<'_>, limits: &CacheLimits) -> Rates {
     }
 }
 
-/// An image of the request: where it stands, its size, the base64 it came as.
+/// An image of the request: where it stands, whether a tool result carries it, its size, the
+/// base64 it came as.
 pub(super) struct Placed<'i> {
     pub at: usize,
+    pub in_tool_result: bool,
     pub item: &'i Item,
 }
 
@@ -194,26 +196,31 @@ pub(super) fn anchor(
         return Vec::new();
     }
     let body = view.body.as_bytes();
-    let marks = memchr::memmem::find_iter(body, b"\"cache_control\"").count();
-    let mut edits = Vec::new();
-    let mut free = cache::MAX_BREAKPOINTS.saturating_sub(marks);
-    if marks > 0 && memchr::memmem::find(body, b"\"1h\"").is_some() {
-        return edits;
+    let under_way = view.tool_results.len() + view.user_images.len() > 0;
+    if settled_end.is_none() && !under_way {
+        return Vec::new();
     }
+    // The body is scanned for markers only as far as the decision needs: the first one says
+    // the client sets its own; all of them are counted only when an anchor may go in.
+    const MARKER: &[u8] = b"\"cache_control\"";
+    let marked = memchr::memmem::find(body, MARKER).is_some();
+    if marked && memchr::memmem::find(body, b"\"1h\"").is_some() {
+        return Vec::new();
+    }
+    let mut edits = Vec::new();
     let rates = rates(view, limits);
-    if marks == 0 && free > 0 && view.tool_results.len() + view.user_images.len() > 0 {
-        // A conversation under way (it carries tool results), long enough to cache.
-        if (body.len() as u64) / BYTES_PER_TOKEN >= rates.min_tokens {
-            if let Some(edit) = top_marker(view) {
-                edits.push(edit);
-                free -= 1;
-            }
-        }
+    // A conversation under way (it carries tool results), long enough to cache.
+    if !marked && under_way && (body.len() as u64) / BYTES_PER_TOKEN >= rates.min_tokens {
+        edits.extend(top_marker(view));
     }
     let Some(end) = settled_end else {
         return edits;
     };
-    if free == 0 {
+    let marks = match marked {
+        true => memchr::memmem::find_iter(body, MARKER).count(),
+        false => edits.len(),
+    };
+    if marks >= cache::MAX_BREAKPOINTS {
         return edits;
     }
     let slot = view

@@ -334,6 +334,7 @@ pub(super) fn project_with(
         .filter_map(|&(at, _, place)| {
             Some(edits::Placed {
                 at,
+                in_tool_result: matches!(place, Place::Tool(..)),
                 item: item_at(place)?,
             })
         })
@@ -400,13 +401,9 @@ pub(super) fn project_with(
     out.rereadable_later = candidates
         .iter()
         .zip(&embedded)
-        .zip(&places)
         .zip(&placed)
-        .filter(|(((c, &shown), (_, _, place)), p)| {
-            shown
-                && c.lifetime != Lifetime::Retain
-                && matches!(place, Place::Tool(..))
-                && p.item.id.is_some()
+        .filter(|((c, &shown), p)| {
+            shown && c.lifetime != Lifetime::Retain && p.in_tool_result && p.item.id.is_some()
         })
         .count();
 
