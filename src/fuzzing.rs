@@ -12,11 +12,11 @@ use bytes::Bytes;
 
 use crate::config::{Config, RouteConfig};
 use crate::dialect::completion::Completion;
+use crate::dialect::stitch::Stitcher;
 use crate::dialect::Dialect;
 use crate::encoding::{Coding, Decoder};
 use crate::projection::attach::state::SessionState;
 use crate::projection::{self, splice};
-use crate::read::stream::Stitcher;
 use crate::tenant::Tenant;
 
 /// A fuzz target: arbitrary bytes in, no panic.
@@ -96,8 +96,8 @@ pub fn request(data: &[u8]) {
         }
         Err(e) => panic!("projection produced edits that do not splice: {e}"),
     }
-    if let Some(shape) = crate::read::Shape::read(dialect, &body) {
-        let _ = shape.last_item();
+    if let Some(layout) = crate::read::Layout::read(dialect, &body) {
+        let _ = layout.last_item();
     }
 }
 
@@ -129,9 +129,9 @@ pub fn provider_stream(data: &[u8]) {
     let _ = stitch.finish(&outputs);
     let _ = stitch.error("fuzz");
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
-        let output = crate::read::reply::parse(dialect, &value);
+        let output = dialect.wire().output(&value);
         let _ = output.read_calls("sluice_read");
-        let _ = crate::read::reply::merged(dialect, value, &outputs, "sluice_read");
+        let _ = crate::dialect::wire::merged(dialect.wire(), value, &outputs, "sluice_read");
     }
 }
 

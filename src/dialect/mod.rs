@@ -14,7 +14,9 @@ mod received;
 mod render;
 pub mod resume;
 pub mod sse;
+pub mod stitch;
 pub mod usage;
+pub mod wire;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

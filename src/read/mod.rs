@@ -1,15 +1,10 @@
 //! Continue through the gateway (SPEC section 6): the read tool sluice offers the model, answers
 //! itself, and hides from the client.
 //!
-//! - [`request`]: edits to the request body (add the tool, append a round, force an answer).
-//! - [`reply`]: one round's output read from a response, and the client's merged response.
-//! - [`stream`]: the same for event streams, stitched into one client stream.
-//! - here: the tool's definition and name, answering calls, and the links that splice hidden
-//!   rounds back into later requests (C3).
-
-pub mod reply;
-pub mod request;
-pub mod stream;
+//! Here: the tool's definition and name, answering calls, and the links that splice hidden
+//! rounds back into later requests (C3). What these look like in each provider's JSON (the
+//! request edits, a round's output, the client's merged response, the stitched stream) is the
+//! dialect layer's: `crate::dialect::wire` and `crate::dialect::stitch`.
 
 use serde_json::{json, Value};
 
@@ -22,7 +17,8 @@ use crate::projection::{Edit, Span};
 use crate::store::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;
 
-pub use request::Shape;
+use crate::dialect::wire::Wire;
+pub use crate::dialect::wire::{Answer, Call, Layout, Media, Output};
 
 const DESCRIPTION: &str = "Read on in a long tool result that was shortened, or see an image \
 again. A shortened result's notice ends with a call hint such as {\"cursor\":\"...\"}: pass that \
@@ -52,25 +48,8 @@ pub fn definition(dialect: Dialect, name: &str) -> String {
         },
         "additionalProperties": false
     });
-    let value = match dialect {
-        Dialect::OpenAiChat => json!({"type": "function", "function": {
-            "name": name, "description": DESCRIPTION, "parameters": parameters}}),
-        Dialect::OpenAiResponses => json!({"type": "function", "name": name,
-            "description": DESCRIPTION, "parameters": parameters}),
-        Dialect::AnthropicMessages => json!({"name": name, "description": DESCRIPTION,
-            "input_schema": parameters}),
-    };
+    let value = dialect.wire().tool(name, DESCRIPTION, parameters);
     value.to_string()
-}
-
-/// A tool call the model made.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Call {
-    /// `id` (chat, Anthropic) or `call_id` (Responses).
-    pub id: String,
-    pub name: String,
-    /// The arguments as JSON (parsed from the string form where the dialect sends one).
-    pub arguments: Value,
 }
 
 /// What a read call asks for: the page at a cursor, an image or audio file again (C5), or an
@@ -89,30 +68,6 @@ impl Request {
             Request::Media(id) => Some(*id),
             Request::Invalid(_) => None,
         }
-    }
-}
-
-/// A read call's answer: its text, and an image or audio file to attach (C5).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    pub id: String,
-    pub text: String,
-    pub media: Option<Media>,
-}
-
-/// An image or audio file a read call shows again: its media type and base64 data.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Media {
-    pub mime: &'static str,
-    pub base64: String,
-    /// The artifact, named in the placeholder that replaces the media on later turns.
-    pub artifact: ArtifactId,
-}
-
-impl Media {
-    /// The `input_audio` format of an audio file (`wav`, `mp3`); `None` for an image.
-    pub fn audio_format(&self) -> Option<&'static str> {
-        crate::audio::AudioType::of_mime(self.mime)?.input_format()
     }
 }
 
@@ -183,33 +138,6 @@ pub fn page(text: &str, cursor: &Cursor, tenant: &Tenant, read_tool: &str) -> Op
     Some(page.text)
 }
 
-/// Adds up two `usage` objects field by field (numbers are summed, nested objects merged).
-pub fn add_usage(total: &mut Value, more: &Value) {
-    match (total, more) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                match a.get_mut(k) {
-                    Some(existing) => add_usage(existing, v),
-                    None => {
-                        a.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (Value::Number(a), Value::Number(b)) => {
-            if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
-                *a = (x + y).into();
-            } else if let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) {
-                if let Some(n) = serde_json::Number::from_f64(x + y) {
-                    *a = n;
-                }
-            }
-        }
-        (a, b) if a.is_null() => *a = b.clone(),
-        _ => {}
-    }
-}
-
 /// What the client's history must show in place of the message(s) it received, so the model
 /// sees the rounds it actually had (C3), and where that is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,84 +183,28 @@ impl Link {
     }
 }
 
-/// The text and tool-call ids of one history item, as they survive the client's round trip
-/// (whatever else the client re-serialises differently), appended to `out`.
-pub fn visible(item: &Value, out: &mut String) {
-    fn text(out: &mut String, s: &str) {
-        out.push_str(s);
-        out.push('\u{1}');
-    }
-    for key in ["role", "tool_call_id", "tool_use_id", "call_id", "id"] {
-        // `id` of a message item is the provider's and not echoed by every client: only the
-        // ids of calls count.
-        if key == "id" && !matches!(item["type"].as_str(), Some("tool_use")) {
-            continue;
-        }
-        if let Some(s) = item[key].as_str() {
-            text(out, s);
-        }
-    }
-    for key in ["content", "output", "text"] {
-        match &item[key] {
-            Value::String(s) => text(out, s),
-            Value::Array(parts) => {
-                for part in parts {
-                    match part["type"].as_str() {
-                        Some("thinking" | "redacted_thinking" | "reasoning") => {}
-                        _ => visible(part, out),
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    if let Some(calls) = item["tool_calls"].as_array() {
-        for call in calls {
-            if let Some(id) = call["id"].as_str() {
-                text(out, id);
-            }
-        }
-    }
-}
-
 /// The fingerprint of `items` following `before` in a history: the hash of the item before in
 /// the high half, of the items in the low half, so a history is searched by the (small) items
 /// first and the item before (often a long tool result) is read only where they match.
-pub fn fingerprint(before: Option<&Value>, items: &[Value]) -> u128 {
-    (u128::from(before_hash(before)) << 64) | u128::from(items_hash(items))
+pub fn fingerprint(wire: &dyn Wire, before: Option<&Value>, items: &[Value]) -> u128 {
+    (u128::from(before_hash(wire, before)) << 64) | u128::from(items_hash(wire, items))
 }
 
-fn before_hash(before: Option<&Value>) -> u64 {
+fn before_hash(wire: &dyn Wire, before: Option<&Value>) -> u64 {
     let mut text = String::new();
     if let Some(before) = before {
-        visible(before, &mut text);
+        wire.item_text(before, &mut text);
     }
     xxhash_rust::xxh3::xxh3_64(text.as_bytes())
 }
 
-fn items_hash(items: &[Value]) -> u64 {
+fn items_hash(wire: &dyn Wire, items: &[Value]) -> u64 {
     let mut text = String::new();
     for item in items {
-        visible(item, &mut text);
+        wire.item_text(item, &mut text);
         text.push('\u{3}');
     }
     xxhash_rust::xxh3::xxh3_64(text.as_bytes())
-}
-
-/// Whether a history item is one the model produced (where a link can start), read without
-/// parsing its content.
-fn is_model_item(raw: &serde_json::value::RawValue) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(borrow)]
-        role: Option<std::borrow::Cow<'a, str>>,
-        #[serde(borrow, rename = "type")]
-        kind: Option<std::borrow::Cow<'a, str>>,
-    }
-    serde_json::from_str::<Kind>(raw.get()).is_ok_and(|k| {
-        k.role.as_deref() == Some("assistant")
-            || matches!(k.kind.as_deref(), Some("function_call" | "reasoning"))
-    })
 }
 
 /// Where a link's round goes back in a history: items `start..end` are what the client
@@ -344,11 +216,12 @@ pub struct Match {
     pub end: usize,
 }
 
-/// The places in `shape`'s history where the client shows what it received of a linked round
+/// The places in `layout`'s history where the client shows what it received of a linked round
 /// (C3). Only the model's items are parsed, each at most once, and the item before them only
 /// where they match a link; no link's artifact is needed to find them.
-pub fn matches(shape: &Shape<'_>, links: &[Link]) -> Vec<Match> {
-    let Some((_, history)) = shape.history() else {
+pub fn matches(layout: &Layout<'_>, links: &[Link]) -> Vec<Match> {
+    let wire = layout.wire();
+    let Some((_, history)) = layout.history() else {
         return Vec::new();
     };
     let mut parsed: Vec<Option<Option<Value>>> = vec![None; history.len()];
@@ -360,7 +233,7 @@ pub fn matches(shape: &Shape<'_>, links: &[Link]) -> Vec<Match> {
     let mut found = Vec::new();
     let mut taken_until = 0;
     for start in 0..history.len() {
-        if start < taken_until || !is_model_item(history[start]) {
+        if start < taken_until || !wire.is_model_item(history[start]) {
             continue;
         }
         let mut before: Option<Option<u64>> = None;
@@ -372,12 +245,12 @@ pub fn matches(shape: &Shape<'_>, links: &[Link]) -> Vec<Match> {
             let Some(items) = (start..end).map(&mut parse).collect::<Option<Vec<Value>>>() else {
                 continue;
             };
-            if items_hash(&items) != link.fingerprint as u64 {
+            if items_hash(wire, &items) != link.fingerprint as u64 {
                 continue;
             }
             let before_hash = *before.get_or_insert_with(|| match start.checked_sub(1) {
-                Some(i) => parse(i).map(|v| before_hash(Some(&v))),
-                None => Some(before_hash(None)),
+                Some(i) => parse(i).map(|v| before_hash(wire, Some(&v))),
+                None => Some(before_hash(wire, None)),
             });
             if before_hash != Some((link.fingerprint >> 64) as u64) {
                 continue;
@@ -395,9 +268,9 @@ pub fn matches(shape: &Shape<'_>, links: &[Link]) -> Vec<Match> {
 }
 
 /// The edits that put a matched round back: its stored items in place of what the client
-/// received, and (Anthropic, mixed calls) the stored blocks first in the next message.
-pub fn splice_edits(shape: &Shape<'_>, body: &str, m: &Match, content: &[u8]) -> Vec<Edit> {
-    let Some((_, history)) = shape.history() else {
+/// received, and (where the dialect does so) the stored results first in the next message.
+pub fn splice_edits(layout: &Layout<'_>, body: &str, m: &Match, content: &[u8]) -> Vec<Edit> {
+    let Some((_, history)) = layout.history() else {
         return Vec::new();
     };
     let Some(zero) = content.iter().position(|b| *b == 0) else {
@@ -424,43 +297,10 @@ pub fn splice_edits(shape: &Shape<'_>, body: &str, m: &Match, content: &[u8]) ->
         edits.extend(
             history
                 .get(m.end)
-                .and_then(|next| prefix_content(body, next, prefix)),
+                .and_then(|next| layout.put_first(next, prefix)),
         );
     }
     edits
-}
-
-/// Puts `prefix` (blocks joined by commas) first in a message's `content`.
-fn prefix_content(body: &str, message: &serde_json::value::RawValue, prefix: &str) -> Option<Edit> {
-    #[derive(serde::Deserialize)]
-    struct Content<'a> {
-        #[serde(borrow)]
-        content: Option<&'a serde_json::value::RawValue>,
-    }
-    let content = serde_json::from_str::<Content>(message.get())
-        .ok()?
-        .content?;
-    let span = crate::dialect::span_of(body, content);
-    let raw = content.get();
-    Some(if raw.starts_with('"') {
-        Edit {
-            span,
-            with: format!(r#"[{prefix},{{"type":"text","text":{raw}}}]"#).into(),
-        }
-    } else if raw.trim_start_matches('[').trim_start().starts_with(']') {
-        Edit {
-            span,
-            with: format!("[{prefix}]").into(),
-        }
-    } else {
-        Edit {
-            span: Span {
-                start: span.start + 1,
-                end: span.start + 1,
-            },
-            with: format!("{prefix},").into(),
-        }
-    })
 }
 
 #[cfg(test)]
@@ -476,19 +316,6 @@ mod tests {
     }
 
     #[test]
-    fn usage_adds_up_nested_fields() {
-        let mut total = json!({"input_tokens": 10, "output_tokens": 2, "details": {"cached": 1}});
-        add_usage(
-            &mut total,
-            &json!({"input_tokens": 5, "output_tokens": 3, "details": {"cached": 4}, "new": 1}),
-        );
-        assert_eq!(
-            total,
-            json!({"input_tokens": 15, "output_tokens": 5, "details": {"cached": 5}, "new": 1})
-        );
-    }
-
-    #[test]
     fn fingerprints_ignore_serialisation_and_thinking_but_not_text() {
         let a = json!({"role": "assistant", "content": [
             {"type": "thinking", "thinking": "x", "signature": "s"},
@@ -498,14 +325,15 @@ mod tests {
         )
         .unwrap();
         let before = json!({"role": "user", "content": "q"});
+        let wire = Dialect::AnthropicMessages.wire();
         assert_eq!(
-            fingerprint(Some(&before), std::slice::from_ref(&a)),
-            fingerprint(Some(&before), &[b])
+            fingerprint(wire, Some(&before), std::slice::from_ref(&a)),
+            fingerprint(wire, Some(&before), &[b])
         );
         let c = json!({"role": "assistant", "content": "answer!"});
         assert_ne!(
-            fingerprint(Some(&before), std::slice::from_ref(&a)),
-            fingerprint(Some(&before), &[c])
+            fingerprint(wire, Some(&before), std::slice::from_ref(&a)),
+            fingerprint(wire, Some(&before), &[c])
         );
     }
 

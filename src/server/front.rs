@@ -140,8 +140,8 @@ impl Shared {
         count("resumed", read_before);
         count("scanned", body.len() - read_before);
         let (index, route, tenant) = self.route(dialect, &view, ask.headers)?;
-        let shape = read::Shape::of_view(&view);
-        let read_tool = read_tool_name(dialect, route, &view, shape.as_ref());
+        let layout = read::Layout::of_view(dialect, &view);
+        let read_tool = read_tool_name(route, &view, layout.as_ref());
         let mut session = None;
         let mut state = SessionState::default();
         let policy = route.config.policy(&read_tool);
@@ -223,9 +223,9 @@ impl Shared {
             };
             hidden_rounds = hidden.len();
             projection.edits.extend(hidden);
-            if let Some(shape) = &shape {
+            if let Some(layout) = &layout {
                 let definition = read::definition(dialect, &read_tool);
-                projection.edits.push(shape.add_tool(&definition));
+                projection.edits.push(layout.add_tool(&definition));
                 tool = Some(read_tool);
             }
         }
@@ -436,13 +436,13 @@ impl Shared {
         if links.is_empty() {
             return edits;
         }
-        let Some(shape) = read::Shape::read(dialect, body) else {
+        let Some(layout) = read::Layout::read(dialect, body) else {
             return edits;
         };
         let text = std::str::from_utf8(body).unwrap_or_default();
-        for m in read::matches(&shape, &links) {
+        for m in read::matches(&layout, &links) {
             match self.artifacts.get(tenant, &m.link.artifact).await {
-                Ok(Some(content)) => edits.extend(read::splice_edits(&shape, text, &m, &content)),
+                Ok(Some(content)) => edits.extend(read::splice_edits(&layout, text, &m, &content)),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot read hidden read rounds"),
             }
@@ -501,15 +501,14 @@ struct Planning {
 /// The read tool's name in this request: the route's, with a suffix when a client tool has that
 /// name already (the notices name it as offered).
 fn read_tool_name(
-    dialect: Dialect,
     route: &Route,
     view: &RequestView<'_>,
-    shape: Option<&read::Shape<'_>>,
+    layout: Option<&read::Layout<'_>>,
 ) -> String {
     let name = &route.config.read_tool;
     view.tools
         .filter(|raw| raw.get().contains(name.as_str()))
-        .and(shape)
-        .map(|shape| read::tool_name(name, &shape.tool_names(dialect)))
+        .and(layout)
+        .map(|layout| read::tool_name(name, &layout.tool_names()))
         .unwrap_or_else(|| name.clone())
 }

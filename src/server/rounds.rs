@@ -18,12 +18,12 @@ use tokio::sync::mpsc;
 use super::commit::{Commit, WholeBody};
 pub(super) use super::reshow::MediaRoom;
 use super::{App, Body, Context, InFlight};
+use crate::dialect::stitch::Stitcher;
+use crate::dialect::wire::merged;
 use crate::dialect::Dialect;
 use crate::metrics::StreamOutcome;
 use crate::projection::splice;
-use crate::read::reply::{self, Output};
-use crate::read::stream::Stitcher;
-use crate::read::{self, Call, Link, Shape};
+use crate::read::{self, Call, Layout, Link, Output};
 use crate::tenant::Tenant;
 use crate::upstream::{BoxError, Started};
 
@@ -74,18 +74,16 @@ impl Rounds {
             // Later turns show a re-read image once: as its placeholder (C5).
             let results: Vec<read::Answer> = results.iter().map(read::Answer::once_shown).collect();
             let results = &results;
-            if i == last && dialect == Dialect::AnthropicMessages {
-                prefix = reply::result_blocks(results)
-                    .iter()
-                    .map(Value::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",");
-            } else {
-                items.extend(
-                    reply::results(dialect, results)
+            let wire = dialect.wire();
+            match wire.results_first_in_next(results).filter(|_| i == last) {
+                Some(first) => {
+                    prefix = first
                         .iter()
-                        .map(Value::to_string),
-                );
+                        .map(Value::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",");
+                }
+                None => items.extend(wire.results(results).iter().map(Value::to_string)),
             }
         }
         (items.join(","), prefix)
@@ -172,7 +170,7 @@ impl App {
                 self.remember(&mut job, &rounds).await;
                 return respond(status, headers, bytes, inflight, job.commit);
             };
-            let output = reply::parse(job.dialect, &value);
+            let output = job.dialect.wire().output(&value);
             let (reads, others) = owned_reads(&output, &job.tool);
             rounds.outputs.push(output);
             if reads.is_empty() || rounds.answered.len() >= job.max_steps {
@@ -210,7 +208,7 @@ impl App {
             // The model answered at once: its response, byte for byte.
             return respond(status, headers, last_bytes, inflight, job.commit);
         }
-        let merged = reply::merged(job.dialect, last, &rounds.outputs, &job.tool);
+        let merged = merged(job.dialect.wire(), last, &rounds.outputs, &job.tool);
         let merged = Bytes::from(merged.to_string());
         respond(status, headers, merged, inflight, job.commit)
     }
@@ -434,7 +432,8 @@ impl App {
         if !job.commit.has_session() || rounds.answered.is_empty() {
             return;
         }
-        let shown = reply::visible(job.dialect, &rounds.outputs, &job.tool);
+        let wire = job.dialect.wire();
+        let shown = wire.visible(&rounds.outputs, &job.tool);
         let (items, prefix) = rounds.hidden(job.dialect);
         if shown.is_empty() || items.is_empty() {
             return;
@@ -442,7 +441,8 @@ impl App {
         let content = Link::content(&items, &prefix);
         let link = Link {
             fingerprint: read::fingerprint(
-                Shape::read(job.dialect, &job.original)
+                wire,
+                Layout::read(job.dialect, &job.original)
                     .and_then(|s| s.last_item())
                     .as_ref(),
                 &shown,
@@ -491,16 +491,16 @@ fn owned_reads(output: &Output, tool: &str) -> (Vec<Call>, bool) {
 fn next_body(job: &Job, body: &Bytes, rounds: &Rounds, force: bool) -> Option<Bytes> {
     let output = rounds.outputs.last()?;
     let results = rounds.answered.last()?;
-    let shape = Shape::read(job.dialect, body)?;
+    let layout = Layout::read(job.dialect, body)?;
     let items: Vec<String> = output
         .items
         .iter()
-        .chain(reply::results(job.dialect, results).iter())
+        .chain(job.dialect.wire().results(results).iter())
         .map(Value::to_string)
         .collect();
-    let mut edits = vec![shape.append(&items.join(","))?];
+    let mut edits = vec![layout.append(&items.join(","))?];
     if force {
-        edits.push(shape.force_answer(job.dialect));
+        edits.push(layout.force_answer());
     }
     splice(body, edits).ok()
 }

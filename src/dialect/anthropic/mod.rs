@@ -257,6 +257,8 @@ fn text_of(raw: &RawValue) -> Option<Text<'_>> {
 }
 
 mod reading;
+mod wire;
+pub(crate) use wire::Messages;
 #[cfg(test)]
 mod tests;
 

@@ -288,6 +288,9 @@ pub fn message_spans(body: &str) -> Option<Vec<(crate::projection::Span, bool)>>
     )
 }
 
+mod wire;
+pub(crate) use wire::Chat;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -261,6 +261,9 @@ impl Kept for Found {
     }
 }
 
+mod wire;
+pub(crate) use wire::Responses;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,7 @@
 //! ids stay consistent, and a stream that needs no read passes byte for byte.
 
 use super::*;
+use serde_json::json;
 
 fn events(text: &str) -> Vec<(Option<String>, Value)> {
     text.split("\n\n")
