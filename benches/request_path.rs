@@ -346,7 +346,8 @@ fn images(c: &mut Criterion) {
     });
     group.bench_function("extract_and_check/2mb_screenshot", |b| {
         b.iter(|| {
-            black_box(sluice::projection::attach::extract::tool_result(
+            black_box(sluice::projection::attach::extract::from_result(
+                Dialect::AnthropicMessages.shapes(),
                 black_box(&*content).into(),
                 &tenant,
             ))
@@ -363,9 +364,10 @@ fn images(c: &mut Criterion) {
         digest: xxhash_rust::xxh3::xxh3_128(content.get().as_bytes()),
         slot: None,
     };
-    memo.tool_images(&result, &tenant);
+    let shapes = Dialect::AnthropicMessages.shapes();
+    memo.tool_images(shapes, &result, &tenant);
     group.bench_function("extract_and_check_remembered/2mb_screenshot", |b| {
-        b.iter(|| black_box(memo.tool_images(black_box(&result), &tenant)))
+        b.iter(|| black_box(memo.tool_images(shapes, black_box(&result), &tenant)))
     });
     let photo = {
         let mut out = std::io::Cursor::new(Vec::new());

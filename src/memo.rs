@@ -14,6 +14,7 @@ use crate::projection::attach::extract::Extracted;
 use crate::projection::attach::{Item, Media};
 use crate::projection::exit::Memoized;
 use crate::projection::memos::{Fresh, Memos};
+use crate::projection::shapes::Shapes;
 use crate::projection::{Raw, ToolResult};
 use crate::tenant::Tenant;
 
@@ -140,31 +141,50 @@ impl Memos for Memo {
         self.pages.get(&key)
     }
 
-    fn tool_images(&self, result: &ToolResult<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
+    fn tool_images(
+        &self,
+        shapes: &dyn Shapes,
+        result: &ToolResult<'_>,
+        tenant: &Tenant,
+    ) -> Option<Arc<Extracted>> {
         // A hash and a lookup first: agents resend their history every turn, and a result seen
         // before, with or without images, costs no search (xxh3 is much faster than the byte
         // search for image markers on text full of near-matches).
-        let key = self.key(tenant, &[&result.digest.to_le_bytes()]);
+        let key = self.key(tenant, &[&[shapes.tag()], &result.digest.to_le_bytes()]);
         self.extracted
-            .get_with(key, || Fresh.tool_images(result, tenant))
+            .get_with(key, || Fresh.tool_images(shapes, result, tenant))
     }
 
     fn known_tool_images(
         &self,
+        shapes: &dyn Shapes,
         result: &ToolResult<'_>,
         tenant: &Tenant,
     ) -> Option<Option<Arc<Extracted>>> {
         self.extracted
-            .get(&self.key(tenant, &[&result.digest.to_le_bytes()]))
+            .get(&self.key(tenant, &[&[shapes.tag()], &result.digest.to_le_bytes()]))
     }
 
-    fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
+    fn user_image(
+        &self,
+        shapes: &dyn Shapes,
+        part: Raw<'_>,
+        k: usize,
+        tenant: &Tenant,
+    ) -> Option<Arc<Item>> {
         // The part (a base64 image, often megabytes) is hashed on its own by twox-hash's XXH3,
         // which runs on AVX2 where the CPU has it; the short rest by the streaming one.
         let content = twox_hash::XxHash3_128::oneshot_with_seed(self.seed, part.get().as_bytes());
-        let key = self.key(tenant, &[&(k as u64).to_le_bytes(), &content.to_le_bytes()]);
+        let key = self.key(
+            tenant,
+            &[
+                &[shapes.tag()],
+                &(k as u64).to_le_bytes(),
+                &content.to_le_bytes(),
+            ],
+        );
         self.users
-            .get_with(key, || Fresh.user_image(part, k, tenant))
+            .get_with(key, || Fresh.user_image(shapes, part, k, tenant))
     }
 
     fn tokens(&self, key: u128) -> Option<u64> {

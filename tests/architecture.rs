@@ -310,15 +310,7 @@ const PROVIDER_FIELDS: &[(&str, &[&str])] = &[
 /// Files that still name a provider's fields outside `src/dialect/` (docs/architecture.md, "Not
 /// there yet"). The list only shrinks: a file that no longer needs its entry fails the test
 /// until the entry goes, and a file not listed fails at its first provider field.
-const NOT_YET_MOVED: &[&str] = &[
-    "src/inspect/chain.rs",
-    "src/projection/attach/extract.rs",
-    "src/projection/edits.rs",
-    "src/projection/exit/mod.rs",
-    "src/projection/memos.rs",
-    "src/projection/rewrite.rs",
-    "src/replay/stub.rs",
-];
+const NOT_YET_MOVED: &[&str] = &[];
 
 /// Whether `word` occurs in `code` as a whole identifier or string (not inside a longer name).
 fn names(code: &str, word: &str) -> bool {
@@ -383,5 +375,58 @@ fn provider_fields_are_named_only_in_the_dialect_layer() {
     assert!(
         moved.is_empty(),
         "no provider field left here; take it off NOT_YET_MOVED: {moved:?}"
+    );
+}
+
+/// The rule ids (`T3`, `A9`, …) that `text` cites.
+fn rule_ids(text: &str) -> BTreeSet<String> {
+    let bytes = text.as_bytes();
+    let mut out = BTreeSet::new();
+    for (at, c) in text.char_indices() {
+        if !"PTMACSO".contains(c) || (at > 0 && bytes[at - 1].is_ascii_alphanumeric()) {
+            continue;
+        }
+        let digits: String = text[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let after = text[at + 1 + digits.len()..].chars().next();
+        if (1..=2).contains(&digits.len())
+            && !after.is_some_and(|a| a.is_ascii_alphanumeric() || a == '_')
+        {
+            out.insert(format!("{c}{digits}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_rule_finder_reads_ids_and_not_names() {
+    let found = rule_ids("(A9, C3) T3: S5 but not SHA256, O2x, MT5 or A100");
+    assert_eq!(
+        found.into_iter().collect::<Vec<_>>(),
+        ["A9", "C3", "S5", "T3"]
+    );
+}
+
+/// Every rule id the sources cite is defined in docs/rules.md (a `**ID.**` entry).
+#[test]
+fn every_rule_the_code_cites_is_defined_in_docs_rules() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/rules.md"))
+        .expect("docs/rules.md");
+    let undefined: Vec<String> = sources()
+        .iter()
+        .flat_map(|s| {
+            rule_ids(&s.text)
+                .into_iter()
+                .filter(|id| !doc.contains(&format!("**{id}.**")))
+                .map(|id| format!("{}: {id}", s.path.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        undefined.is_empty(),
+        "cited but not defined in docs/rules.md:\n{}",
+        undefined.join("\n")
     );
 }

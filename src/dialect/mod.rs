@@ -6,10 +6,12 @@
 //! (docs/architecture.md lists where).
 
 mod anthropic;
+pub mod blocks;
 pub mod completion;
 mod gathered;
 pub mod openai_chat;
 mod openai_responses;
+mod parts;
 mod received;
 mod render;
 pub mod resume;

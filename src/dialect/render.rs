@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::Dialect;
 use crate::projection::attach::{Embedded, Extras};
-use crate::projection::shapes::{ImageRef, Shapes};
+use crate::projection::shapes::{ImageRef, Part, Shapes};
 use crate::projection::{Edit, Raw, Rope, Span};
 
 use crate::json::{concat, string as json_string};
@@ -21,6 +21,16 @@ fn data_url_json(e: &Embedded) -> String {
     concat(&["\"data:", e.mime, ";base64,", &e.base64, "\""])
 }
 
+impl Dialect {
+    /// The `type` of a text content part in a request (`text`, or Responses' `input_text`).
+    fn text_type(self) -> &'static str {
+        match self {
+            Dialect::OpenAiResponses => "input_text",
+            Dialect::OpenAiChat | Dialect::AnthropicMessages => "text",
+        }
+    }
+}
+
 impl Shapes for Dialect {
     fn tag(&self) -> u8 {
         *self as u8
@@ -33,10 +43,40 @@ impl Shapes for Dialect {
         }
     }
 
-    fn text_type(&self) -> &'static str {
-        match self {
-            Dialect::OpenAiResponses => "input_text",
-            Dialect::OpenAiChat | Dialect::AnthropicMessages => "text",
+    fn part<'a>(&self, json: &'a str) -> Option<Part<'a>> {
+        super::parts::read(json)
+    }
+
+    fn part_extras(&self, json: &str) -> Option<Extras> {
+        super::parts::extras(json)
+    }
+
+    fn text_part(&self, text_json: &str, breakpoint: Option<&str>) -> String {
+        // A client's breakpoint stays where it was, whatever the dialect (P2).
+        match breakpoint {
+            Some(cc) => concat(&[
+                r#"{"type":""#,
+                self.text_type(),
+                r#"","text":"#,
+                text_json,
+                r#","cache_control":"#,
+                cc,
+                "}",
+            ]),
+            None => concat(&[
+                r#"{"type":""#,
+                self.text_type(),
+                r#"","text":"#,
+                text_json,
+                "}",
+            ]),
+        }
+    }
+
+    fn keep_breakpoint(&self, last: &mut Rope, breakpoint: &str) {
+        if last.ends_with(b'}') && !last.has(b"\"cache_control\"") {
+            last.pop();
+            last.push(concat(&[",\"cache_control\":", breakpoint, "}"]));
         }
     }
 
@@ -64,6 +104,13 @@ impl Shapes for Dialect {
             Dialect::OpenAiChat | Dialect::OpenAiResponses => {
                 crate::projection::cache::Provider::OpenAi
             }
+        }
+    }
+
+    fn breakpoint_field(&self) -> &'static [u8] {
+        match self {
+            Dialect::AnthropicMessages => b"\"cache_control\"",
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => b"",
         }
     }
 

@@ -128,6 +128,18 @@ pub trait Wire: std::fmt::Debug + Sync {
 
     /// A streamed round's events, as the stitcher reads them.
     fn events(&self) -> Box<dyn Events>;
+
+    /// A complete answer of `text` from `model`, as the provider would send it: a whole
+    /// response, or its event stream (`sluice replay`'s stub provider).
+    fn answer(&self, model: &str, text: &str, streamed: bool) -> String;
+}
+
+/// One SSE event's text, named or not.
+pub(crate) fn event_text(name: Option<&str>, data: &Value) -> String {
+    match name {
+        Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    }
 }
 
 impl Dialect {

@@ -6,10 +6,10 @@
 //! keeping its body.
 
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 pub use crate::config::inspector::Price;
+use crate::dialect::blocks::{segments, without_breakpoints};
 use crate::dialect::Dialect;
 use crate::projection::cache::{self, Bill, Block, Entries, Provider, Rates, Ttl};
 use crate::tokens::Tokenizer;
@@ -69,142 +69,13 @@ impl Chain {
 
 /// Whose cache a dialect's requests meet.
 pub fn provider(dialect: Dialect) -> Provider {
-    match dialect {
-        Dialect::AnthropicMessages => Provider::Anthropic,
-        Dialect::OpenAiChat | Dialect::OpenAiResponses => Provider::OpenAi,
-    }
+    dialect.shapes().cache_provider()
 }
 
 /// What the provider bills for `now`, its cache holding `entries` (left as the provider
 /// leaves them).
 pub fn bill(dialect: Dialect, rates: &Rates, now: &Chain, entries: &mut Entries) -> Bill {
     cache::bill(provider(dialect), rates, &now.blocks(), entries, now.at_ms)
-}
-
-#[derive(serde::Deserialize)]
-struct Parts<'a> {
-    #[serde(borrow)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow)]
-    messages: Option<&'a RawValue>,
-    #[serde(borrow)]
-    input: Option<&'a RawValue>,
-    #[serde(borrow)]
-    cache_control: Option<&'a RawValue>,
-}
-
-#[derive(serde::Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: Option<&'a RawValue>,
-    #[serde(borrow)]
-    content: Option<&'a RawValue>,
-}
-
-#[derive(serde::Deserialize)]
-struct Marked<'a> {
-    #[serde(borrow)]
-    cache_control: Option<&'a RawValue>,
-}
-
-/// One block of a body: the text it hashes and counts, what it adds to the hash before its
-/// text (a message's role, at its first block), and whether it marks a breakpoint.
-pub struct Piece<'a> {
-    pub text: &'a str,
-    pub head: &'a str,
-    pub mark: Option<Ttl>,
-}
-
-/// The breakpoint a `cache_control` value asks for.
-fn ttl_of(value: &RawValue) -> Option<Ttl> {
-    #[derive(serde::Deserialize)]
-    struct Control<'a> {
-        #[serde(borrow)]
-        ttl: Option<&'a str>,
-    }
-    let c: Control = serde_json::from_str(value.get()).ok()?;
-    Some(match c.ttl {
-        Some("1h") => Ttl::Long,
-        _ => Ttl::Short,
-    })
-}
-
-/// The breakpoint a block marks.
-fn mark_of(block: &str) -> Option<Ttl> {
-    if !block.contains("\"cache_control\"") {
-        return None;
-    }
-    serde_json::from_str::<Marked>(block)
-        .ok()?
-        .cache_control
-        .and_then(ttl_of)
-}
-
-/// A list's items, or the value itself as one item when it is no list.
-fn items(value: &RawValue) -> Vec<&RawValue> {
-    serde_json::from_str::<Vec<&RawValue>>(value.get()).unwrap_or_else(|_| vec![value])
-}
-
-/// A body's blocks in cache order (Anthropic: tools, system blocks, each message's content
-/// blocks; OpenAI: tools, the system prompt, each message or input item), and its model.
-/// `None` when it is not a JSON object.
-pub fn pieces(dialect: Dialect, body: &[u8]) -> Option<(Vec<Piece<'_>>, Option<&str>)> {
-    let p: Parts = serde_json::from_slice(body).ok()?;
-    fn whole(v: &RawValue) -> Piece<'_> {
-        Piece {
-            text: v.get(),
-            head: "",
-            mark: None,
-        }
-    }
-    let mut out = Vec::new();
-    if dialect != Dialect::AnthropicMessages {
-        out.extend(p.tools.map(whole));
-        out.extend(p.system.or(p.instructions).map(whole));
-        for list in [p.messages, p.input].into_iter().flatten() {
-            out.extend(items(list).into_iter().map(whole));
-        }
-        return Some((out, p.model.map(RawValue::get)));
-    }
-    fn block(v: &RawValue) -> Piece<'_> {
-        Piece {
-            text: v.get(),
-            head: "",
-            mark: mark_of(v.get()),
-        }
-    }
-    for list in [p.tools, p.system].into_iter().flatten() {
-        out.extend(items(list).into_iter().map(block));
-    }
-    for message in p.messages.map(items).unwrap_or_default() {
-        let Ok(m) = serde_json::from_str::<Message>(message.get()) else {
-            out.push(whole(message));
-            continue;
-        };
-        let role = m.role.map_or("", RawValue::get);
-        let first = out.len();
-        match m.content {
-            Some(c) if c.get().starts_with('[') => out.extend(items(c).into_iter().map(block)),
-            Some(c) => out.push(whole(c)),
-            None => out.push(whole(message)),
-        }
-        if let Some(piece) = out.get_mut(first) {
-            piece.head = role;
-        }
-    }
-    // A top-level marker marks the last block.
-    if let Some(ttl) = p.cache_control.and_then(ttl_of) {
-        if let Some(last) = out.last_mut() {
-            last.mark = Some(last.mark.map_or(ttl, |t| t.max(ttl)));
-        }
-    }
-    Some((out, p.model.map(RawValue::get)))
 }
 
 /// The chain of a body, counting each block with `count` (memoized by the caller).
@@ -214,7 +85,7 @@ pub fn chain(
     at_ms: u64,
     count: &mut dyn FnMut(&str) -> u64,
 ) -> Chain {
-    let Some((pieces, model)) = pieces(dialect, body) else {
+    let Some((segments, model)) = segments(dialect, body) else {
         return Chain {
             at_ms,
             links: vec![Link(
@@ -226,17 +97,17 @@ pub fn chain(
     };
     let mut h = Xxh3::new();
     h.update(model.unwrap_or("").as_bytes());
-    let mut links = Vec::with_capacity(pieces.len().min(MAX_LINKS));
+    let mut links = Vec::with_capacity(segments.len().min(MAX_LINKS));
     let mut marks = Vec::new();
     let mut tail = 0;
-    for (i, piece) in pieces.iter().enumerate() {
-        let text = without_breakpoints(piece.text);
-        h.update(piece.head.as_bytes());
+    for (i, segment) in segments.iter().enumerate() {
+        let text = without_breakpoints(segment.text);
+        h.update(segment.head.as_bytes());
         h.update(b"\x01");
         h.update(text.as_bytes());
         h.update(b"\0");
         let n = count(&text);
-        if let Some(ttl) = piece.mark {
+        if let Some(ttl) = segment.mark {
             marks.push((i.min(MAX_LINKS - 1) as u32, ttl));
         }
         if i + 1 < MAX_LINKS {
@@ -245,7 +116,7 @@ pub fn chain(
             tail += n;
         }
     }
-    if tail > 0 || pieces.len() >= MAX_LINKS {
+    if tail > 0 || segments.len() >= MAX_LINKS {
         links.push(Link(h.digest(), tail));
     }
     Chain {
@@ -254,48 +125,6 @@ pub fn chain(
         marks,
     }
 }
-/// A part as a provider's cache sees it: a `cache_control` marker says where to cache, it is
-/// not content (Claude Code moves its breakpoint to the newest message every turn and still
-/// reads the rest from the cache). A marker written as one compact member (as sluice's anchor
-/// and the SDKs write it) is cut from the text, so the part hashes as the same part sent
-/// unmarked, byte for byte; any other is dropped from a re-serialisation.
-fn without_breakpoints(part: &str) -> std::borrow::Cow<'_, str> {
-    fn strip(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                map.remove("cache_control");
-                map.values_mut().for_each(strip);
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    const MARKERS: [&str; 3] = [
-        r#""cache_control":{"type":"ephemeral"}"#,
-        r#""cache_control":{"type":"ephemeral","ttl":"5m"}"#,
-        r#""cache_control":{"type":"ephemeral","ttl":"1h"}"#,
-    ];
-    if !part.contains("\"cache_control\"") {
-        return std::borrow::Cow::Borrowed(part);
-    }
-    let mut cut = part.to_string();
-    for marker in MARKERS {
-        cut = cut
-            .replace(&format!(",{marker}"), "")
-            .replace(&format!("{marker},"), "");
-    }
-    if !cut.contains("\"cache_control\"") {
-        return std::borrow::Cow::Owned(cut);
-    }
-    match serde_json::from_str::<serde_json::Value>(part) {
-        Ok(mut v) => {
-            strip(&mut v);
-            std::borrow::Cow::Owned(v.to_string())
-        }
-        Err(_) => std::borrow::Cow::Borrowed(part),
-    }
-}
-
 /// Tokens of one part: its text by `tokenizer`, each image and audio file it carries by formula
 /// (`Tokenizer::image`, `Tokenizer::audio`).
 pub fn part_tokens(tokenizer: Tokenizer, part: &str) -> u64 {

@@ -279,7 +279,7 @@ impl Worker {
         turn.results = results
             .iter()
             .take(turn::MAX_LISTED_RESULTS)
-            .map(turn::fate)
+            .map(|r| turn::fate(dialect.shapes(), r))
             .collect();
         if turn.usage.is_none() {
             turn.usage = response

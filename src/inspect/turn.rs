@@ -275,7 +275,7 @@ const FULL_TEXT: &str = "full text: artifact://";
 
 /// The fate of a result from what replaced it: the placeholder of the context guard, a page
 /// with its notice, or its images taken out.
-pub fn fate(seen: &SeenResult) -> ResultFate {
+pub fn fate(shapes: &dyn crate::projection::shapes::Shapes, seen: &SeenResult) -> ResultFate {
     let mut out = ResultFate {
         source: seen.source.clone(),
         tool: seen.tool.clone(),
@@ -291,7 +291,7 @@ pub fn fate(seen: &SeenResult) -> ResultFate {
     let raw = std::str::from_utf8(with).unwrap_or_default();
     let text = serde_json::from_str::<&serde_json::value::RawValue>(raw)
         .ok()
-        .and_then(|raw| crate::projection::exit::result_text(raw.into()))
+        .and_then(|raw| crate::projection::exit::result_text(shapes, raw.into()))
         .unwrap_or_default();
     let last = text.lines().rev().find(|l| l.starts_with("[sluice: "));
     if text.starts_with(RETIRED) {
@@ -343,22 +343,42 @@ mod tests {
 
     #[test]
     fn fates_are_read_from_what_replaced_a_result() {
-        assert_eq!(fate(&seen(None)).fate, "untouched");
+        assert_eq!(
+            fate(
+                crate::dialect::Dialect::AnthropicMessages.shapes(),
+                &seen(None)
+            )
+            .fate,
+            "untouched"
+        );
         let page = serde_json::Value::String(
             "line 1\nline 2\n[sluice: lines 1-2 of 900 shown, 14 of 9000 UTF-16 units; full text: artifact://AbC-12_x; to read on, call sluice_read with {\"cursor\":\"c\"}]".into(),
         )
         .to_string();
-        let f = fate(&seen(Some(&page)));
+        let f = fate(
+            crate::dialect::Dialect::AnthropicMessages.shapes(),
+            &seen(Some(&page)),
+        );
         assert_eq!(f.fate, "spilled");
         assert_eq!(f.artifact.as_deref(), Some("AbC-12_x"));
         assert_eq!(f.shown_lines, Some(2));
         assert_eq!(f.shown_bytes, page.len() as u64);
         let retired = r#"[{"type":"text","text":"[sluice: tool output retired to save context (900 lines): artifact://Zz9; read it with sluice_read {\"cursor\":\"c\"}]"}]"#;
-        let f = fate(&seen(Some(retired)));
+        let f = fate(
+            crate::dialect::Dialect::AnthropicMessages.shapes(),
+            &seen(Some(retired)),
+        );
         assert_eq!(f.fate, "retired");
         assert_eq!(f.artifact.as_deref(), Some("Zz9"));
         assert!(f.notice.unwrap().contains("900 lines"));
         let media = r#"[{"type":"text","text":"[image #1: PNG 10×10, 1 KB, artifact://I1]"}]"#;
-        assert_eq!(fate(&seen(Some(media))).fate, "media");
+        assert_eq!(
+            fate(
+                crate::dialect::Dialect::AnthropicMessages.shapes(),
+                &seen(Some(media))
+            )
+            .fate,
+            "media"
+        );
     }
 }

@@ -202,8 +202,8 @@ pub(super) fn anchor(
     }
     // The body is scanned for markers only as far as the decision needs: the first one says
     // the client sets its own; all of them are counted only when an anchor may go in.
-    const MARKER: &[u8] = b"\"cache_control\"";
-    let marked = memchr::memmem::find(body, MARKER).is_some();
+    let marker = view.shapes.breakpoint_field();
+    let marked = memchr::memmem::find(body, marker).is_some();
     if marked && memchr::memmem::find(body, b"\"1h\"").is_some() {
         return Vec::new();
     }
@@ -217,7 +217,7 @@ pub(super) fn anchor(
         return edits;
     };
     let marks = match marked {
-        true => memchr::memmem::find_iter(body, MARKER).count(),
+        true => memchr::memmem::find_iter(body, marker).count(),
         false => edits.len(),
     };
     if marks >= cache::MAX_BREAKPOINTS {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::attach::extract::{self, Extracted};
 use super::attach::{self, Item};
 use super::exit::Memoized;
+use super::shapes::Shapes;
 use super::view::{Raw, ToolResult};
 use crate::image::{Checked, Refusal};
 use crate::tenant::Tenant;
@@ -18,16 +19,28 @@ pub trait Memos: Sync {
     /// A tool result's text-exit outcome remembered under `key` (see `exit::project`).
     fn page(&self, key: u128) -> Option<Memoized>;
     /// The images of a tool result (`None`: it holds none).
-    fn tool_images(&self, result: &ToolResult<'_>, tenant: &Tenant) -> Option<Arc<Extracted>>;
+    fn tool_images(
+        &self,
+        shapes: &dyn Shapes,
+        result: &ToolResult<'_>,
+        tenant: &Tenant,
+    ) -> Option<Arc<Extracted>>;
     /// What [`Memos::tool_images`] answered for this content before, if it is remembered;
     /// computes nothing.
     fn known_tool_images(
         &self,
+        shapes: &dyn Shapes,
         result: &ToolResult<'_>,
         tenant: &Tenant,
     ) -> Option<Option<Arc<Extracted>>>;
     /// A user message's image part, number `k` of its message, checked.
-    fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>>;
+    fn user_image(
+        &self,
+        shapes: &dyn Shapes,
+        part: Raw<'_>,
+        k: usize,
+        tenant: &Tenant,
+    ) -> Option<Arc<Item>>;
     /// Whether `name` matches the glob `pattern` (an invalid glob matches nothing).
     fn glob_matches(&self, pattern: &str, name: &str) -> bool;
     /// The token count remembered under `key` (the context guard's estimate, per fragment).
@@ -56,18 +69,32 @@ impl Memos for Fresh {
         None
     }
 
-    fn tool_images(&self, result: &ToolResult<'_>, tenant: &Tenant) -> Option<Arc<Extracted>> {
-        extract::may_hold_images(result.content.get())
-            .then(|| extract::tool_result(result.content, tenant).map(Arc::new))
-            .flatten()
+    fn tool_images(
+        &self,
+        shapes: &dyn Shapes,
+        result: &ToolResult<'_>,
+        tenant: &Tenant,
+    ) -> Option<Arc<Extracted>> {
+        extract::from_result(shapes, result.content, tenant).map(Arc::new)
     }
 
-    fn known_tool_images(&self, _: &ToolResult<'_>, _: &Tenant) -> Option<Option<Arc<Extracted>>> {
+    fn known_tool_images(
+        &self,
+        _: &dyn Shapes,
+        _: &ToolResult<'_>,
+        _: &Tenant,
+    ) -> Option<Option<Arc<Extracted>>> {
         None
     }
 
-    fn user_image(&self, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Arc<Item>> {
-        extract::user_part(part, k, tenant).map(Arc::new)
+    fn user_image(
+        &self,
+        shapes: &dyn Shapes,
+        part: Raw<'_>,
+        k: usize,
+        tenant: &Tenant,
+    ) -> Option<Arc<Item>> {
+        extract::user_part(shapes, part, k, tenant).map(Arc::new)
     }
 
     fn glob_matches(&self, pattern: &str, name: &str) -> bool {

@@ -203,7 +203,7 @@ impl Prepared {
         let extracted = view
             .tool_results
             .iter()
-            .map(|r| memo.tool_images(r, tenant))
+            .map(|r| memo.tool_images(view.shapes, r, tenant))
             .collect();
         let mut per_message = std::collections::HashMap::new();
         let users = view
@@ -212,7 +212,7 @@ impl Prepared {
             .map(|u| {
                 let k = per_message.entry(u.item).or_insert(0usize);
                 *k += 1;
-                memo.user_image(u.part, *k, tenant)
+                memo.user_image(view.shapes, u.part, *k, tenant)
             })
             .collect();
         Prepared { extracted, users }
@@ -231,12 +231,12 @@ impl Prepared {
             return None;
         }
         for result in &view.tool_results {
-            match memo.known_tool_images(result, tenant) {
+            match memo.known_tool_images(view.shapes, result, tenant) {
                 Some(None) => {}
                 Some(Some(_)) => return None,
-                None if attach::extract::may_hold_images(result.content.get()) => return None,
+                None if view.shapes.may_hold_media(result.content.get()) => return None,
                 None => {
-                    memo.tool_images(result, tenant);
+                    memo.tool_images(view.shapes, result, tenant);
                 }
             }
         }

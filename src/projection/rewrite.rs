@@ -20,7 +20,7 @@ pub(super) fn render_tool_content(
     text: &str,
 ) -> (Rope, Vec<String>) {
     let text_json = json_string(text);
-    let text_part = |json: &str| format!(r#"{{"type":"{}","text":{json}}}"#, shapes.text_type());
+    let text_part = |json: &str| shapes.text_part(json, None);
     let mut parts: Vec<Rope> = vec![text_part(&text_json).into()];
     let mut after_turn: Vec<String> = Vec::new();
     for (item, outcome) in e.items.iter().zip(outcomes) {
@@ -44,11 +44,8 @@ pub(super) fn render_tool_content(
         }
     }
     parts.extend(e.others.iter().map(|o| Rope::from(o.clone())));
-    if let (Some(cc), Some(last)) = (&e.cache_control, parts.last_mut()) {
-        if last.ends_with(b'}') && !last.has(b"\"cache_control\"") {
-            last.pop();
-            last.push(crate::json::concat(&[",\"cache_control\":", cc, "}"]));
-        }
+    if let (Some(breakpoint), Some(last)) = (&e.breakpoint, parts.last_mut()) {
+        shapes.keep_breakpoint(last, breakpoint);
     }
     // A string stays a string where nothing but text is left (audio taken out, no image).
     let text_only = e.items.is_empty() && e.others.is_empty();

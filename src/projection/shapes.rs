@@ -2,6 +2,10 @@
 //! (`crate::dialect`): the core decides what a request shows, the dialect writes it in its
 //! provider's JSON.
 
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+
 use super::attach::{Embedded, Extras};
 use super::view::{Edit, Raw, Rope};
 
@@ -11,16 +15,62 @@ pub enum ImageRef<'a> {
     Url(&'a str),
 }
 
-/// One wire API's shapes, as the core writes them.
+/// One content part of a tool result (or a user's image part), as its dialect reads it.
+pub struct Part<'a> {
+    pub kind: PartKind<'a>,
+    /// The part's cache breakpoint as JSON, kept on the last part written back (P2).
+    pub breakpoint: Option<&'a RawValue>,
+    /// sluice's lifetime hint object on the part (`_meta`, M5).
+    pub meta: Option<&'a RawValue>,
+}
+
+/// What a content part holds.
+pub enum PartKind<'a> {
+    Text(Cow<'a, str>),
+    /// An image as base64, with the media type the part declares.
+    Image {
+        base64: Cow<'a, str>,
+        mime: Option<Cow<'a, str>>,
+    },
+    /// An image by URL: remote, or a `data:` URL.
+    ImageUrl(Cow<'a, str>),
+    /// Audio as base64, with the media type the part declares.
+    Audio {
+        base64: Cow<'a, str>,
+        mime: Option<Cow<'a, str>>,
+    },
+    /// Anything else: kept as it was.
+    Other,
+}
+
+/// One wire API's shapes, as the core reads and writes them.
 pub trait Shapes: std::fmt::Debug + Sync {
+    /// Reads one content part (its JSON text); `None` when it is not an object the dialect reads (it is then
+    /// kept as it was).
+    fn part<'a>(&self, json: &'a str) -> Option<Part<'a>>;
+
+    /// The fields of a native image part besides its type, image and lifetime hint, to write
+    /// back on the part that replaces it (P2); `None` when there are none.
+    fn part_extras(&self, json: &str) -> Option<Extras>;
+
+    /// Whether a tool result's content may hold an image or audio at all: a quick byte search
+    /// before any parse (MCP items and data URLs in its text, and the dialect's own parts).
+    fn may_hold_media(&self, raw: &str) -> bool {
+        super::attach::extract::may_hold_images(raw)
+    }
+
+    /// A text part holding `text_json` (a JSON string), with `breakpoint` (a cache breakpoint's
+    /// JSON) where the dialect has them on parts.
+    fn text_part(&self, text_json: &str, breakpoint: Option<&str>) -> String;
+
+    /// Puts `breakpoint` on `last`, the last part written back, unless it carries one.
+    fn keep_breakpoint(&self, last: &mut Rope, breakpoint: &str);
+
     /// A number that differs between dialects (it keys the memo of projected results).
     fn tag(&self) -> u8;
 
     /// How the provider's input is counted when the route names no tokenizer.
     fn tokenizer(&self) -> crate::tokens::Tokenizer;
-
-    /// The `type` of a text content part in a request (`text`, or Responses' `input_text`).
-    fn text_type(&self) -> &'static str;
 
     /// Whether a tool result may hold images (A7). Where it may not (OpenAI chat), shown images
     /// go in a user message after the turn's tool messages ([`Shapes::after_turns`]), and a
@@ -57,6 +107,10 @@ pub trait Shapes: std::fmt::Debug + Sync {
 
     /// Whose prompt cache the requests meet (`super::cache`).
     fn cache_provider(&self) -> super::cache::Provider;
+
+    /// The quoted name of the field that marks a cache breakpoint, as it stands in a body
+    /// (Anthropic; empty where the dialect has none).
+    fn breakpoint_field(&self) -> &'static [u8];
 
     /// A 5-minute cache breakpoint, as a field to insert before a block's closing brace
     /// (Anthropic; empty where the dialect has none).

@@ -126,7 +126,7 @@ fn only_requests_without_images_are_prepared_cheaply() {
     assert!(!light.has_images());
     // Remembered now: the next turn costs a lookup, no search.
     assert!(matches!(
-        memo.known_tool_images(&view.tool_results[0], &tenant),
+        memo.known_tool_images(view.shapes, &view.tool_results[0], &tenant),
         Some(None)
     ));
     let png = crate::image::tests::encode(

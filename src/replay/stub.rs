@@ -77,10 +77,14 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     let model = asked.model.unwrap_or_default();
     let (content_type, bytes) = match Dialect::from_path(&path) {
         _ if path.ends_with("/count_tokens") => json_of(&json!({"input_tokens": 0})),
-        Some(dialect) if asked.stream => {
-            ("text/event-stream", Bytes::from(events(dialect, &model)))
-        }
-        Some(dialect) => json_of(&whole(dialect, &model)),
+        Some(dialect) if asked.stream => (
+            "text/event-stream",
+            Bytes::from(dialect.wire().answer(&model, "ok", true)),
+        ),
+        Some(dialect) => (
+            "application/json",
+            Bytes::from(dialect.wire().answer(&model, "ok", false)),
+        ),
         None => json_of(&json!({"object": "replay"})),
     };
     let response = Response::builder()
@@ -93,56 +97,4 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
 
 fn json_of(value: &Value) -> (&'static str, Bytes) {
     ("application/json", Bytes::from(value.to_string()))
-}
-
-fn response_object(model: &str) -> Value {
-    json!({"id": "resp_replay", "object": "response", "created_at": 0, "status": "completed",
-        "model": model, "output": [{"type": "message", "id": "msg_replay", "status": "completed",
-        "role": "assistant", "content": [{"type": "output_text", "text": "ok", "annotations": []}]}]})
-}
-
-fn whole(dialect: Dialect, model: &str) -> Value {
-    match dialect {
-        Dialect::OpenAiChat => json!({"id": "chatcmpl-replay", "object": "chat.completion",
-            "created": 0, "model": model, "choices": [{"index": 0,
-            "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}),
-        Dialect::OpenAiResponses => response_object(model),
-        Dialect::AnthropicMessages => json!({"id": "msg_replay", "type": "message",
-            "role": "assistant", "model": model, "content": [{"type": "text", "text": "ok"}],
-            "stop_reason": "end_turn", "stop_sequence": null}),
-    }
-}
-
-fn events(dialect: Dialect, model: &str) -> String {
-    let event = |name: Option<&str>, data: Value| match name {
-        Some(name) => format!("event: {name}\ndata: {data}\n\n"),
-        None => format!("data: {data}\n\n"),
-    };
-    match dialect {
-        Dialect::OpenAiChat => {
-            let chunk = json!({"id": "chatcmpl-replay", "object": "chat.completion.chunk",
-                "created": 0, "model": model, "choices": [{"index": 0,
-                "delta": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]});
-            format!("{}data: [DONE]\n\n", event(None, chunk))
-        }
-        Dialect::OpenAiResponses => event(
-            Some("response.completed"),
-            json!({"type": "response.completed", "response": response_object(model)}),
-        ),
-        Dialect::AnthropicMessages => [
-            event(
-                Some("message_start"),
-                json!({"type": "message_start", "message": {
-                "id": "msg_replay", "type": "message", "role": "assistant", "model": model,
-                "content": [], "stop_reason": null, "stop_sequence": null}}),
-            ),
-            event(
-                Some("message_delta"),
-                json!({"type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": null}}),
-            ),
-            event(Some("message_stop"), json!({"type": "message_stop"})),
-        ]
-        .concat(),
-    }
 }

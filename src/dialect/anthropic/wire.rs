@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::dialect::span_of;
 use crate::dialect::stitch::{emit, Closing, Events, Stream};
-use crate::dialect::wire::{push_text, Answer, Call, Kind, Output, Wire};
+use crate::dialect::wire::{event_text, push_text, Answer, Call, Kind, Output, Wire};
 use crate::json;
 use crate::projection::{Edit, Span};
 
@@ -174,6 +174,44 @@ impl Wire for Messages {
 
     fn events(&self) -> Box<dyn Events> {
         Box::<MessagesEvents>::default()
+    }
+
+    fn answer(&self, model: &str, text: &str, streamed: bool) -> String {
+        if !streamed {
+            return json!({"id": "msg_replay", "type": "message", "role": "assistant",
+                "model": model, "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn", "stop_sequence": null})
+            .to_string();
+        }
+        [
+            event_text(
+                Some("message_start"),
+                &json!({"type": "message_start", "message": {"id": "msg_replay",
+                    "type": "message", "role": "assistant", "model": model, "content": [],
+                    "stop_reason": null, "stop_sequence": null}}),
+            ),
+            event_text(
+                Some("content_block_start"),
+                &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+            ),
+            event_text(
+                Some("content_block_delta"),
+                &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}}),
+            ),
+            event_text(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": 0}),
+            ),
+            event_text(
+                Some("message_delta"),
+                &json!({"type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": null}}),
+            ),
+            event_text(Some("message_stop"), &json!({"type": "message_stop"})),
+        ]
+        .concat()
     }
 }
 

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::stitch::{emit, Closing, Events, Stream};
-use crate::dialect::wire::{arguments, push_text, Answer, Call, Kind, Output, Wire};
+use crate::dialect::wire::{arguments, event_text, push_text, Answer, Call, Kind, Output, Wire};
 use crate::json;
 
 /// OpenAI Chat Completions.
@@ -179,6 +179,19 @@ impl Wire for Chat {
 
     fn events(&self) -> Box<dyn Events> {
         Box::<ChatEvents>::default()
+    }
+
+    fn answer(&self, model: &str, text: &str, streamed: bool) -> String {
+        if !streamed {
+            return json!({"id": "chatcmpl-replay", "object": "chat.completion",
+                "created": 0, "model": model, "choices": [{"index": 0,
+                "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+            .to_string();
+        }
+        let chunk = json!({"id": "chatcmpl-replay", "object": "chat.completion.chunk",
+            "created": 0, "model": model, "choices": [{"index": 0,
+            "delta": {"role": "assistant", "content": text}, "finish_reason": "stop"}]});
+        format!("{}data: [DONE]\n\n", event_text(None, &chunk))
     }
 }
 

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::dialect::stitch::{emit, Closing, Events, Stream};
-use crate::dialect::wire::{arguments, push_text, Answer, Call, Kind, Output, Wire};
+use crate::dialect::wire::{arguments, event_text, push_text, Answer, Call, Kind, Output, Wire};
 use crate::json;
 
 /// OpenAI Responses.
@@ -127,6 +127,20 @@ impl Wire for Responses {
 
     fn events(&self) -> Box<dyn Events> {
         Box::<ResponsesEvents>::default()
+    }
+
+    fn answer(&self, model: &str, text: &str, streamed: bool) -> String {
+        let response = json!({"id": "resp_replay", "object": "response", "created_at": 0,
+            "status": "completed", "model": model, "output": [{"type": "message",
+            "id": "msg_replay", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}]});
+        match streamed {
+            true => event_text(
+                Some("response.completed"),
+                &json!({"type": "response.completed", "sequence_number": 0, "response": response}),
+            ),
+            false => response.to_string(),
+        }
     }
 }
 

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{Extras, Item, Media};
+use super::{Item, Media};
 use crate::audio::{AudioRefusal, CheckedAudio};
 use crate::image::{check, decode_base64, Refusal};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::policy::Lifetime;
+use crate::projection::shapes::{PartKind, Shapes};
 use crate::projection::Raw;
 use crate::tenant::Tenant;
 
@@ -33,8 +34,8 @@ pub struct Extracted {
     pub items: Vec<Item>,
     /// Parts that are neither text nor image (documents, …), kept as they were.
     pub others: Vec<String>,
-    /// `cache_control` of the result's last part, to keep on the last part written back.
-    pub cache_control: Option<String>,
+    /// The cache breakpoint of the result's last part, to keep on the last part written back.
+    pub breakpoint: Option<String>,
     /// The audio the result carried, each now a reference line in `text`.
     pub audio: Vec<Sound>,
 }
@@ -183,9 +184,9 @@ impl Finder<'_> {
 
     /// Remembers the fields of the native part the last image came in (P2: `detail` and the
     /// like survive the rebuild).
-    fn keep_extras(&mut self, part: &RawValue) {
+    fn keep_extras(&mut self, shapes: &dyn Shapes, part: &RawValue) {
         if let Some(item) = self.items.last_mut() {
-            item.extras = extras(part).map(Arc::new);
+            item.extras = shapes.part_extras(part.get()).map(Arc::new);
         }
     }
 
@@ -330,62 +331,12 @@ fn hint(meta: Option<&Value>) -> Option<Lifetime> {
     serde_json::from_value(value.clone()).ok()
 }
 
-#[derive(serde::Deserialize)]
-struct Part<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    text: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    cache_control: Option<&'a RawValue>,
-    /// Anthropic: `{"type":"base64","media_type","data"}` or `{"type":"url","url"}`.
-    #[serde(borrow)]
-    source: Option<Source<'a>>,
-    /// Responses: a data URL or a remote URL.
-    #[serde(borrow)]
-    image_url: Option<ImageUrl<'a>>,
-    #[serde(borrow, rename = "_meta")]
-    meta: Option<&'a RawValue>,
-}
-
-/// Borrowed from the body where the JSON has no escapes, as base64 has none: a screenshot's
-/// megabyte is not copied to be read.
-#[derive(serde::Deserialize)]
-struct Source<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    media_type: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    data: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    url: Option<crate::json::Str<'a>>,
-}
-
-/// Responses puts a string here; chat an object `{url, detail}`.
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum ImageUrl<'a> {
-    Plain(#[serde(borrow)] Cow<'a, str>),
-    Object {
-        #[serde(borrow)]
-        url: Cow<'a, str>,
-    },
-}
-
-impl ImageUrl<'_> {
-    fn url(&self) -> &str {
-        match self {
-            ImageUrl::Plain(u) | ImageUrl::Object { url: u } => u,
-        }
-    }
-}
-
-/// Takes the images out of a tool result's content (a string or an array of parts).
-/// `None` when it holds none, so the caller leaves it to the text exit alone.
-pub fn tool_result(content: Raw<'_>, tenant: &Tenant) -> Option<Extracted> {
+/// Takes the images out of a tool result's content (a string or an array of parts, read by the
+/// dialect's `shapes`). `None` when it holds none, so the caller leaves it to the text exit
+/// alone.
+pub fn from_result(shapes: &dyn Shapes, content: Raw<'_>, tenant: &Tenant) -> Option<Extracted> {
     let raw = content.get();
-    if !may_hold_images(raw) {
+    if !shapes.may_hold_media(raw) {
         return None;
     }
     let mut finder = Finder {
@@ -401,58 +352,42 @@ pub fn tool_result(content: Raw<'_>, tenant: &Tenant) -> Option<Extracted> {
         let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
         let mut texts: Vec<String> = Vec::new();
         for (i, part) in parts.iter().enumerate() {
-            let Ok(p) = serde_json::from_str::<Part>(part.get()) else {
+            let Some(p) = shapes.part(part.get()) else {
                 out.others.push(part.get().to_string());
                 continue;
             };
             let last = i + 1 == parts.len();
             if last {
-                out.cache_control = p.cache_control.map(|c| c.get().to_string());
+                out.breakpoint = p.breakpoint.map(|c| c.get().to_string());
             }
             let others_before = out.others.len();
             let lifetime = p
                 .meta
                 .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
                 .and_then(|m| hint(Some(&m)));
-            match p.kind.as_deref() {
-                kind if crate::projection::exit::is_text_part(kind) => {
-                    texts.push(finder.text(p.text.as_deref().unwrap_or_default()));
+            match p.kind {
+                PartKind::Text(text) => texts.push(finder.text(&text)),
+                PartKind::Image { base64, mime } => {
+                    texts.push(finder.image(&base64, mime.as_deref(), lifetime));
+                    finder.keep_extras(shapes, part);
                 }
-                Some("image") => match p.source {
-                    Some(Source {
-                        kind: Some(k),
-                        data: Some(data),
-                        media_type,
-                        ..
-                    }) if &*k == "base64" => {
-                        texts.push(finder.image(&data, media_type.as_deref(), lifetime));
-                        finder.keep_extras(part);
-                    }
-                    Some(Source { url: Some(url), .. }) => {
-                        texts.push(finder.remote(&url));
-                        finder.keep_extras(part);
-                    }
-                    _ => out.others.push(part.get().to_string()),
-                },
-                Some("input_image" | "image_url") => {
-                    match p.image_url.as_ref().map(ImageUrl::url) {
-                        Some(url) if is_data_url(url) => {
-                            let (mime, data) = split_data_url(url);
-                            texts.push(finder.image(data, mime, lifetime));
-                            finder.keep_extras(part);
-                        }
-                        Some(url) => {
-                            texts.push(finder.remote(url));
-                            finder.keep_extras(part);
-                        }
-                        None => out.others.push(part.get().to_string()),
-                    }
+                PartKind::ImageUrl(url) if is_data_url(&url) => {
+                    let (mime, data) = split_data_url(&url);
+                    texts.push(finder.image(data, mime, lifetime));
+                    finder.keep_extras(shapes, part);
                 }
-                _ => out.others.push(part.get().to_string()),
+                PartKind::ImageUrl(url) => {
+                    texts.push(finder.remote(&url));
+                    finder.keep_extras(shapes, part);
+                }
+                PartKind::Audio { base64, mime } => {
+                    texts.push(finder.audio(&base64, mime.as_deref(), lifetime));
+                }
+                PartKind::Other => out.others.push(part.get().to_string()),
             }
             if last && out.others.len() > others_before {
-                // The last part is kept as it was, its own cache_control with it.
-                out.cache_control = None;
+                // The last part is kept as it was, its own breakpoint with it.
+                out.breakpoint = None;
             }
         }
         out.text = texts.join("\n");
@@ -463,35 +398,6 @@ pub fn tool_result(content: Raw<'_>, tenant: &Tenant) -> Option<Extracted> {
     out.items = finder.items;
     out.audio = finder.audio;
     Some(out)
-}
-
-/// A native image part's fields besides its type, its image (`source`, `image_url`'s URL) and
-/// sluice's lifetime hint (`_meta`, M5), in the order the client sent them; `None` when there
-/// are none (the common case, which then costs one scan of the part).
-fn extras(part: &RawValue) -> Option<Extras> {
-    type Fields<'a> = indexmap::IndexMap<Cow<'a, str>, &'a RawValue>;
-    let fields: Fields = serde_json::from_str(part.get()).ok()?;
-    let mut out = Extras::default();
-    let push = |to: &mut String, key: &str, value: &RawValue| {
-        to.push(',');
-        to.push_str(&Value::String(key.to_string()).to_string());
-        to.push(':');
-        to.push_str(value.get());
-    };
-    for (key, value) in &fields {
-        match key.as_ref() {
-            "type" | "source" | "_meta" => {}
-            "image_url" if value.get().starts_with('{') => {
-                let inner: Fields = serde_json::from_str(value.get()).ok()?;
-                for (k, v) in inner.iter().filter(|(k, _)| k.as_ref() != "url") {
-                    push(&mut out.inner, k, v);
-                }
-            }
-            "image_url" => {}
-            other => push(&mut out.outer, other, value),
-        }
-    }
-    (!out.outer.is_empty() || !out.inner.is_empty()).then_some(out)
 }
 
 /// `data:<mime>;base64,<data>` → (mime, data). Anything else: no mime, and the whole string as
@@ -521,36 +427,24 @@ pub fn is_data_url(url: &str) -> bool {
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("data:"))
 }
 
-/// A user message's image part (chat `image_url`, Anthropic `image`, Responses `input_image`)
-/// as an item numbered `k`.
-pub fn user_part(part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Item> {
-    let p: Part = serde_json::from_str(part.get()).ok()?;
+/// A user message's image part, read by the dialect's `shapes`, as an item numbered `k`.
+pub fn user_part(shapes: &dyn Shapes, part: Raw<'_>, k: usize, tenant: &Tenant) -> Option<Item> {
+    let p = shapes.part(part.get())?;
     let mut finder = Finder {
         tenant,
         items: Vec::new(),
         audio: Vec::new(),
     };
-    match (p.source, p.image_url) {
-        (
-            Some(Source {
-                kind: Some(kind),
-                data: Some(data),
-                media_type,
-                ..
-            }),
-            _,
-        ) if &*kind == "base64" => {
-            finder.image(&data, media_type.as_deref(), None);
+    match p.kind {
+        PartKind::Image { base64, mime } => {
+            finder.image(&base64, mime.as_deref(), None);
         }
-        (Some(Source { url: Some(url), .. }), _) => {
-            finder.remote(&url);
-        }
-        (_, Some(image_url)) if is_data_url(image_url.url()) => {
-            let (mime, data) = split_data_url(image_url.url());
+        PartKind::ImageUrl(url) if is_data_url(&url) => {
+            let (mime, data) = split_data_url(&url);
             finder.image(data, mime, None);
         }
-        (_, Some(image_url)) => {
-            finder.remote(image_url.url());
+        PartKind::ImageUrl(url) => {
+            finder.remote(&url);
         }
         _ => return None,
     }

@@ -2,6 +2,7 @@
 
 use super::extract;
 use super::*;
+use crate::dialect::Dialect;
 use crate::image::tests::{encode, picture};
 use crate::tenant::Tenant;
 use ::image::ImageFormat;
@@ -19,14 +20,14 @@ fn raw(v: &serde_json::Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string(v.to_string()).unwrap()
 }
 
-/// [`extract::tool_result`] of a value as the view would hand it over.
+/// [`extract::from_result`] of a value as the view would hand it over.
 fn tool_result(content: &serde_json::value::RawValue, t: &Tenant) -> Option<extract::Extracted> {
-    extract::tool_result(content.into(), t)
+    extract::from_result(Dialect::AnthropicMessages.shapes(), content.into(), t)
 }
 
 /// [`extract::user_part`] of a value as the view would hand it over.
 fn user_part(part: &serde_json::value::RawValue, k: usize, t: &Tenant) -> Option<Item> {
-    extract::user_part(part.into(), k, t)
+    extract::user_part(Dialect::AnthropicMessages.shapes(), part.into(), k, t)
 }
 
 fn limits() -> Limits {
@@ -89,7 +90,7 @@ fn finds_native_image_parts_and_keeps_other_parts() {
     assert!(matches!(out.items[1].media, Media::Remote(_)));
     assert_eq!(out.others.len(), 1);
     assert_eq!(
-        out.cache_control, None,
+        out.breakpoint, None,
         "the kept last part carries its own marker"
     );
     assert!(out.others[0].contains("cache_control"));

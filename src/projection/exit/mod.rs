@@ -14,12 +14,11 @@ pub mod text;
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::memos::Memos;
-use super::shapes::Shapes;
+use super::shapes::{PartKind, Shapes};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::{Edit, Raw, RequestView, ToolResult};
 use crate::tenant::Tenant;
@@ -125,24 +124,12 @@ pub(crate) fn memo_key(
     h.digest128()
 }
 
-#[derive(Deserialize)]
-struct Part<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    text: Option<crate::json::Str<'a>>,
-    #[serde(borrow)]
-    cache_control: Option<&'a RawValue>,
-}
-
-/// Whether a content part is text, in any dialect's name for it.
-pub(crate) fn is_text_part(kind: Option<&str>) -> bool {
-    matches!(kind, Some("text" | "input_text" | "output_text"))
-}
-
 /// The tool result's text and, for an array, its parts: text parts are budgeted as one text,
 /// joined by newlines (SPEC section 3); other parts are kept as they are.
-fn read_content<'a>(content: Raw<'a>) -> Option<(Cow<'a, str>, Option<Vec<&'a RawValue>>)> {
+fn read_content<'a>(
+    shapes: &dyn Shapes,
+    content: Raw<'a>,
+) -> Option<(Cow<'a, str>, Option<Vec<&'a RawValue>>)> {
     let raw = content.get();
     if raw.starts_with('"') {
         return Some((serde_json::from_str::<Cow<str>>(raw).ok()?, None));
@@ -150,9 +137,8 @@ fn read_content<'a>(content: Raw<'a>) -> Option<(Cow<'a, str>, Option<Vec<&'a Ra
     let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
     let mut texts = Vec::new();
     for part in &parts {
-        let p: Part = serde_json::from_str(part.get()).ok()?;
-        if is_text_part(p.kind.as_deref()) {
-            texts.push(p.text.map(|t| t.0).unwrap_or_default());
+        if let PartKind::Text(text) = shapes.part(part.get())?.kind {
+            texts.push(text);
         }
     }
     let text = if texts.len() == 1 {
@@ -165,13 +151,13 @@ fn read_content<'a>(content: Raw<'a>) -> Option<(Cow<'a, str>, Option<Vec<&'a Ra
 
 /// The text a tool result's content carries, as the text exit reads it (text parts joined by
 /// newlines); `None` when it is neither a string nor an array of parts.
-pub fn result_text(content: Raw<'_>) -> Option<String> {
-    if let Some((text, _)) = read_content(content) {
+pub fn result_text(shapes: &dyn Shapes, content: Raw<'_>) -> Option<String> {
+    if let Some((text, _)) = read_content(shapes, content) {
         return Some(text.into_owned());
     }
     let fixed = crate::json::without_lone_surrogates(content.get())?;
     let fixed = RawValue::from_string(fixed).ok()?;
-    read_content(Raw::from(&*fixed)).map(|(text, _)| text.into_owned())
+    read_content(shapes, Raw::from(&*fixed)).map(|(text, _)| text.into_owned())
 }
 
 /// Projects one tool result: `(None, None)` when it fits; else its replacement and its spill.
@@ -182,13 +168,13 @@ fn project_result(
 ) -> (Memoized, Option<Spill>) {
     // A lone surrogate escape has no UTF-8 form: it is read as U+FFFD, so the result is still
     // budgeted (docs/text-exit.md).
-    let fixed = read_content(result.content)
+    let fixed = read_content(shapes, result.content)
         .is_none()
         .then(|| crate::json::without_lone_surrogates(result.content.get()))
         .flatten()
         .and_then(|raw| RawValue::from_string(raw).ok());
     let content = fixed.as_deref().map_or(result.content, Raw::from);
-    let Some((text, parts)) = read_content(content) else {
+    let Some((text, parts)) = read_content(shapes, content) else {
         return (None, None);
     };
     let Some((page, spill)) = page_cow(text, policy) else {
@@ -197,7 +183,7 @@ fn project_result(
     let page_json = serde_json::Value::String(page).to_string();
     let replacement = match parts {
         None => page_json,
-        Some(parts) => replace_parts(shapes.text_type(), &parts, &page_json),
+        Some(parts) => replace_parts(shapes, &parts, &page_json),
     };
     (Some(Bytes::from(replacement)), Some(spill))
 }
@@ -234,27 +220,23 @@ fn page_cow(text: Cow<'_, str>, policy: &Policy<'_>) -> Option<(String, Spill)> 
     Some((page.text, spill))
 }
 
-/// The new content array: one text part holding the page (in the dialect's part type, with the
-/// `cache_control` of the last text part, if any), then the non-text parts as they were.
-fn replace_parts(kind: &str, parts: &[&RawValue], page_json: &str) -> String {
-    let mut cache_control = None;
+/// The new content array: one text part holding the page (in the dialect's shape, with the
+/// cache breakpoint of the last text part, if any), then the non-text parts as they were.
+fn replace_parts(shapes: &dyn Shapes, parts: &[&RawValue], page_json: &str) -> String {
+    let mut breakpoint = None;
     let mut others = Vec::new();
     for part in parts {
-        match serde_json::from_str::<Part>(part.get()) {
-            Ok(p) if is_text_part(p.kind.as_deref()) => {
-                if p.cache_control.is_some() {
-                    cache_control = p.cache_control;
+        match shapes.part(part.get()) {
+            Some(p) if matches!(p.kind, PartKind::Text(_)) => {
+                if p.breakpoint.is_some() {
+                    breakpoint = p.breakpoint;
                 }
             }
             _ => others.push(part.get()),
         }
     }
-    let mut out = format!("[{{\"type\":\"{kind}\",\"text\":{page_json}");
-    if let Some(cc) = cache_control {
-        out.push_str(",\"cache_control\":");
-        out.push_str(cc.get());
-    }
-    out.push('}');
+    let mut out = String::from("[");
+    out.push_str(&shapes.text_part(page_json, breakpoint.map(RawValue::get)));
     for other in others {
         out.push(',');
         out.push_str(other);

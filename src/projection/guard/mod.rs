@@ -19,6 +19,7 @@ use super::exit::text::{Lines, Position};
 use super::exit::{self, Spill};
 use super::memos::Memos;
 use super::policy::{ContextLimits, Policy};
+use super::shapes::Shapes;
 use super::view::Edit;
 use super::{Context, Prepared, Projection, RequestView, Span, ToolResult};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
@@ -165,7 +166,7 @@ pub(super) fn show_retired(
                         }
                         text
                     }
-                    None => result_text(result),
+                    None => result_text(view.shapes, result),
                 };
                 let (with, spill) = placeholder(view, result, &text, &ctx.policy, ctx.tenant);
                 out.spills.push(spill);
@@ -357,10 +358,7 @@ pub fn placeholder(
     let with = if result.content.get().starts_with('"') {
         json
     } else {
-        format!(
-            "[{{\"type\":\"{}\",\"text\":{json}}}]",
-            view.shapes.text_type()
-        )
+        format!("[{}]", view.shapes.text_part(&json, None))
     };
     let spill = Spill {
         id,
@@ -370,8 +368,8 @@ pub fn placeholder(
 }
 
 /// The text a tool result carries, as a retired result's artifact holds it.
-pub fn result_text(result: &ToolResult<'_>) -> String {
-    exit::result_text(result.content).unwrap_or_else(|| result.content.get().to_owned())
+pub fn result_text(shapes: &dyn Shapes, result: &ToolResult<'_>) -> String {
+    exit::result_text(shapes, result.content).unwrap_or_else(|| result.content.get().to_owned())
 }
 
 #[cfg(test)]
