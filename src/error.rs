@@ -107,23 +107,8 @@ impl GatewayError {
     /// The body in `family`'s error shape. Client errors say what was wrong; server errors say
     /// little (the log has the rest).
     pub fn body(&self, family: Family) -> Bytes {
-        let (openai_type, anthropic_type) = match self.status() {
-            StatusCode::BAD_REQUEST => ("invalid_request_error", "invalid_request_error"),
-            StatusCode::PAYLOAD_TOO_LARGE => ("invalid_request_error", "request_too_large"),
-            StatusCode::UNSUPPORTED_MEDIA_TYPE | StatusCode::REQUEST_TIMEOUT => {
-                ("invalid_request_error", "invalid_request_error")
-            }
-            StatusCode::NOT_FOUND => ("not_found_error", "not_found_error"),
-            StatusCode::UNAUTHORIZED => ("invalid_request_error", "authentication_error"),
-            StatusCode::GATEWAY_TIMEOUT => ("timeout_error", "api_error"),
-            _ => ("api_error", "api_error"),
-        };
-        let kind = match family {
-            Family::OpenAi => openai_type,
-            Family::Anthropic => anthropic_type,
-        };
         let message = format!("sluice: {self}");
-        family.error_body(kind, self.kind(), &message)
+        family.error_body(self.status(), self.kind(), &message)
     }
 }
 

@@ -15,11 +15,13 @@ impl std::fmt::Debug for Tenant {
 }
 
 impl Tenant {
-    /// The tenant of a request's credential: its `x-api-key`, else its `Authorization` bearer
-    /// token (the same key sent either way is the same tenant). An empty or blank value counts
-    /// as absent, so it never wins over a present one. `None` without a credential.
+    /// The tenant of a request's credential: its `x-api-key` or `x-goog-api-key`, else its
+    /// `Authorization` bearer token (the same key sent any way is the same tenant). An empty or
+    /// blank value counts as absent, so it never wins over a present one. `None` without a
+    /// credential.
     pub fn of_request(headers: &HeaderMap) -> Option<Tenant> {
         let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
+        let goog_key = headers.get("x-goog-api-key").map(|v| v.as_bytes());
         let bearer = headers.get(http::header::AUTHORIZATION).map(|v| {
             let v = v.as_bytes();
             match v.get(..7) {
@@ -27,7 +29,7 @@ impl Tenant {
                 _ => v,
             }
         });
-        [api_key, bearer]
+        [api_key, goog_key, bearer]
             .into_iter()
             .flatten()
             .find(|c| !c.trim_ascii().is_empty())

@@ -16,7 +16,13 @@ pub enum Tokenizer {
     Cl100k,
     /// Claude: o200k scaled by [`CLAUDE_PER_O200K`].
     Claude,
+    /// Gemini: o200k scaled by [`GEMINI_PER_O200K_TENTHS`] (Google publishes no tokenizer
+    /// for its current models).
+    Gemini,
 }
+
+/// Gemini tokens per o200k token, in tenths: an estimate that errs high (docs/gemini.md).
+pub const GEMINI_PER_O200K_TENTHS: u64 = 11;
 
 /// Claude tokens per o200k token, in tenths: Claude's tokenizers split text into more pieces
 /// than o200k does (docs/context-guard.md has the measurement behind this value); rounding
@@ -39,6 +45,10 @@ impl Tokenizer {
             Tokenizer::Claude => {
                 let o200k = bpe_openai::o200k_base().count(text) as u64;
                 (o200k * CLAUDE_PER_O200K_TENTHS).div_ceil(10)
+            }
+            Tokenizer::Gemini => {
+                let o200k = bpe_openai::o200k_base().count(text) as u64;
+                (o200k * GEMINI_PER_O200K_TENTHS).div_ceil(10)
             }
         }
     }
@@ -72,6 +82,13 @@ impl Tokenizer {
                 let (w, h) = ((w * scale).round(), (h * scale).round());
                 (((w * h) / 750.0).ceil() as u64).min(1600)
             }
+            // Gemini: 258 tokens for an image of at most 384 px a side, else 258 per 768 px tile.
+            Tokenizer::Gemini => {
+                if width <= 384 && height <= 384 {
+                    return 258;
+                }
+                258 * (w / 768.0).ceil().max(1.0) as u64 * (h / 768.0).ceil().max(1.0) as u64
+            }
             Tokenizer::O200k | Tokenizer::Cl100k => {
                 if width == 0 || height == 0 {
                     return 85 + 170 * 8;
@@ -101,6 +118,7 @@ impl Tokenizer {
             Tokenizer::O200k => "o200k",
             Tokenizer::Cl100k => "cl100k",
             Tokenizer::Claude => "claude",
+            Tokenizer::Gemini => "gemini",
         }
     }
 }

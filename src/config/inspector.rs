@@ -115,7 +115,10 @@ impl Prices {
         use crate::projection::cache::{Provider, Rates};
         let (provider, over) = match dialect {
             Dialect::AnthropicMessages => (Provider::Anthropic, self.anthropic),
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => (Provider::OpenAi, self.openai),
+            // Gemini's implicit cache is priced as a prefix cache with no write premium.
+            Dialect::OpenAiChat | Dialect::OpenAiResponses | Dialect::GeminiGenerate => {
+                (Provider::OpenAi, self.openai)
+            }
         };
         let base = Rates::published(provider, model);
         Rates {
@@ -130,7 +133,9 @@ impl Prices {
     pub fn of(&self, dialect: Dialect) -> Price {
         match dialect {
             Dialect::AnthropicMessages => self.anthropic.over(Price::ANTHROPIC),
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => self.openai.over(Price::OPENAI),
+            Dialect::OpenAiChat | Dialect::OpenAiResponses | Dialect::GeminiGenerate => {
+                self.openai.over(Price::OPENAI)
+            }
         }
     }
 

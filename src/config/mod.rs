@@ -186,7 +186,8 @@ impl Default for Config {
     }
 }
 
-/// With no routes configured: OpenAI's two dialects to OpenAI, Anthropic's to Anthropic (SPEC O1).
+/// With no routes configured: OpenAI's two dialects to OpenAI, Anthropic's to Anthropic (SPEC
+/// O1), Gemini's to Google.
 fn default_routes() -> Vec<RouteConfig> {
     vec![
         RouteConfig {
@@ -199,6 +200,12 @@ fn default_routes() -> Vec<RouteConfig> {
             name: "anthropic".into(),
             dialects: vec![Dialect::AnthropicMessages],
             upstream: "https://api.anthropic.com".into(),
+            ..RouteConfig::default()
+        },
+        RouteConfig {
+            name: "gemini".into(),
+            dialects: vec![Dialect::GeminiGenerate],
+            upstream: "https://generativelanguage.googleapis.com".into(),
             ..RouteConfig::default()
         },
     ]

@@ -22,9 +22,14 @@ fn load(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
 #[test]
 fn defaults_route_each_provider() {
     let c = load("", &[]).unwrap();
-    assert_eq!(c.routes.len(), 2);
+    assert_eq!(c.routes.len(), 3);
     assert_eq!(c.routes[0].upstream, "https://api.openai.com");
     assert_eq!(c.routes[1].dialects, vec![Dialect::AnthropicMessages]);
+    assert_eq!(c.routes[2].dialects, vec![Dialect::GeminiGenerate]);
+    assert_eq!(
+        c.routes[2].upstream,
+        "https://generativelanguage.googleapis.com"
+    );
     assert_eq!(c.routes[0].exit.max_units, 30_000);
 }
 

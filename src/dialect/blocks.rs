@@ -23,6 +23,10 @@ struct Parts<'a> {
     #[serde(borrow)]
     input: Option<&'a RawValue>,
     #[serde(borrow)]
+    contents: Option<&'a RawValue>,
+    #[serde(borrow, rename = "systemInstruction", alias = "system_instruction")]
+    system_instruction: Option<&'a RawValue>,
+    #[serde(borrow)]
     cache_control: Option<&'a RawValue>,
 }
 
@@ -93,8 +97,13 @@ pub fn segments(dialect: Dialect, body: &[u8]) -> Option<(Vec<Segment<'_>>, Opti
     let mut out = Vec::new();
     if dialect != Dialect::AnthropicMessages {
         out.extend(p.tools.map(whole));
-        out.extend(p.system.or(p.instructions).map(whole));
-        for list in [p.messages, p.input].into_iter().flatten() {
+        out.extend(
+            p.system
+                .or(p.instructions)
+                .or(p.system_instruction)
+                .map(whole),
+        );
+        for list in [p.messages, p.input, p.contents].into_iter().flatten() {
             out.extend(items(list).into_iter().map(whole));
         }
         return Some((out, p.model.map(RawValue::get)));

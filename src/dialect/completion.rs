@@ -30,6 +30,11 @@ impl Ends {
     fn note(&mut self, dialect: Dialect, seen: Seen) {
         match seen {
             Seen::Nothing => {}
+            // Gemini streams end with the chunk that finishes: nothing follows it.
+            Seen::Finish if dialect == Dialect::GeminiGenerate => {
+                self.saw_finish = true;
+                self.done = true;
+            }
             Seen::Finish => self.saw_finish = true,
             Seen::Final => self.done = dialect != Dialect::OpenAiChat || self.saw_finish,
             Seen::Failure => self.failed = true,
@@ -46,6 +51,21 @@ struct ChatChunk<'a> {
 #[derive(Deserialize)]
 struct Choice<'a> {
     #[serde(borrow)]
+    finish_reason: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A Gemini chunk, as far as its end and failure go.
+#[derive(Deserialize)]
+struct GeminiChunk<'a> {
+    #[serde(borrow, default)]
+    candidates: Vec<GeminiCandidate<'a>>,
+    #[serde(borrow)]
+    error: Option<&'a serde_json::value::RawValue>,
+}
+
+#[derive(Deserialize)]
+struct GeminiCandidate<'a> {
+    #[serde(borrow, rename = "finishReason", alias = "finish_reason")]
     finish_reason: Option<&'a serde_json::value::RawValue>,
 }
 
@@ -140,7 +160,10 @@ impl Completion {
         let (Some(usage), Some(data)) = (usage.as_mut(), event.data) else {
             return;
         };
-        if !data.contains("\"usage\"") {
+        if !data.contains("\"usage\"")
+            && !data.contains("sage_metadata\"")
+            && !data.contains("sageMetadata\"")
+        {
             return;
         }
         if let Some(more) = super::usage::of_json(dialect, data) {
@@ -179,6 +202,18 @@ impl Completion {
                     Seen::Nothing
                 }
             }
+            Dialect::GeminiGenerate => match serde_json::from_str::<GeminiChunk>(data) {
+                Ok(chunk) if chunk.error.is_some() => Seen::Failure,
+                Ok(chunk)
+                    if chunk
+                        .candidates
+                        .iter()
+                        .any(|c| c.finish_reason.is_some_and(|f| f.get() != "null")) =>
+                {
+                    Seen::Finish
+                }
+                _ => Seen::Nothing,
+            },
             Dialect::OpenAiResponses | Dialect::AnthropicMessages => {
                 let typed = serde_json::from_str::<Typed>(data)
                     .ok()
@@ -239,6 +274,11 @@ fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
         return false;
     }
     match dialect {
+        Dialect::GeminiGenerate => {
+            !data.contains("inishReason")
+                && !data.contains("inish_reason")
+                && !data.contains("\"error\"")
+        }
         Dialect::OpenAiChat => {
             let key = FINISH.needle().len();
             data != "[DONE]"

@@ -9,6 +9,7 @@ mod anthropic;
 pub mod blocks;
 pub mod completion;
 mod gathered;
+mod gemini;
 pub mod openai_chat;
 mod openai_responses;
 mod parts;
@@ -35,6 +36,8 @@ pub enum Dialect {
     OpenAiResponses,
     #[serde(rename = "anthropic-messages")]
     AnthropicMessages,
+    #[serde(rename = "gemini-generate")]
+    GeminiGenerate,
 }
 
 /// Which provider's conventions (error shape, credential header) apply.
@@ -42,22 +45,46 @@ pub enum Dialect {
 pub enum Family {
     OpenAi,
     Anthropic,
+    Google,
+}
+
+/// A projected endpoint a request names: its dialect, whether it only counts tokens (it shows
+/// the model nothing), and the model when the path names it (Gemini).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub dialect: Dialect,
+    pub counts: bool,
+    pub model: Option<String>,
 }
 
 impl Dialect {
-    pub const ALL: [Dialect; 3] = [
+    pub const ALL: [Dialect; 4] = [
         Dialect::OpenAiChat,
         Dialect::OpenAiResponses,
         Dialect::AnthropicMessages,
+        Dialect::GeminiGenerate,
     ];
 
     /// The dialect whose projected endpoint `path` is (SPEC section 9), if any.
     pub fn from_path(path: &str) -> Option<Dialect> {
+        Dialect::endpoint(path).map(|e| e.dialect)
+    }
+
+    /// The projected endpoint `path` names (a `POST`), if any.
+    pub fn endpoint(path: &str) -> Option<Endpoint> {
+        let fixed = |dialect, counts| {
+            Some(Endpoint {
+                dialect,
+                counts,
+                model: None,
+            })
+        };
         match path {
-            "/v1/chat/completions" => Some(Dialect::OpenAiChat),
-            "/v1/responses" => Some(Dialect::OpenAiResponses),
-            "/v1/messages" | "/v1/messages/count_tokens" => Some(Dialect::AnthropicMessages),
-            _ => None,
+            "/v1/chat/completions" => fixed(Dialect::OpenAiChat, false),
+            "/v1/responses" => fixed(Dialect::OpenAiResponses, false),
+            "/v1/messages" => fixed(Dialect::AnthropicMessages, false),
+            "/v1/messages/count_tokens" => fixed(Dialect::AnthropicMessages, true),
+            _ => gemini::endpoint(path),
         }
     }
 
@@ -66,15 +93,17 @@ impl Dialect {
             Dialect::OpenAiChat => "openai-chat",
             Dialect::OpenAiResponses => "openai-responses",
             Dialect::AnthropicMessages => "anthropic-messages",
+            Dialect::GeminiGenerate => "gemini-generate",
         }
     }
 
     /// The dialect's shapes, as the core writes them.
     pub fn shapes(self) -> &'static dyn crate::projection::shapes::Shapes {
         match self {
-            Dialect::OpenAiChat => &Dialect::OpenAiChat,
-            Dialect::OpenAiResponses => &Dialect::OpenAiResponses,
-            Dialect::AnthropicMessages => &Dialect::AnthropicMessages,
+            Dialect::OpenAiChat => &render::Classic::OpenAiChat,
+            Dialect::OpenAiResponses => &render::Classic::OpenAiResponses,
+            Dialect::AnthropicMessages => &render::Classic::AnthropicMessages,
+            Dialect::GeminiGenerate => &gemini::Gemini,
         }
     }
 
@@ -82,6 +111,15 @@ impl Dialect {
         match self {
             Dialect::OpenAiChat | Dialect::OpenAiResponses => Family::OpenAi,
             Dialect::AnthropicMessages => Family::Anthropic,
+            Dialect::GeminiGenerate => Family::Google,
+        }
+    }
+
+    /// Normalises a request's head before anything reads it: a credential the client put in
+    /// the URL (Gemini's `?key=`) moves into its header, so no URL sluice holds carries it.
+    pub fn normalise_head(self, parts: &mut http::request::Parts) {
+        if self == Dialect::GeminiGenerate {
+            gemini::key_to_header(parts);
         }
     }
 
@@ -116,6 +154,8 @@ impl Dialect {
             Dialect::OpenAiResponses => {
                 resume::read::<openai_responses::Reading>(self, &checked, resumes)
             }
+            // Read whole every time (no resumed reading yet).
+            Dialect::GeminiGenerate => None,
         };
         match walked {
             Some(read) => Ok(read),
@@ -128,6 +168,7 @@ impl Dialect {
             Dialect::OpenAiChat => openai_chat::read(text),
             Dialect::OpenAiResponses => openai_responses::read(text),
             Dialect::AnthropicMessages => anthropic::read(text),
+            Dialect::GeminiGenerate => gemini::read(text),
         };
         match parsed {
             Ok(view) => Ok(view),
@@ -158,9 +199,21 @@ fn not_utf8(e: &std::str::Utf8Error) -> serde_json::Error {
 }
 
 impl Family {
-    /// The family a non-projected `/v1/...` request belongs to (P5): Anthropic's paths and
-    /// headers say so; everything else is OpenAI-style.
+    /// Whether `path` is a provider's API path that passes through when it is not projected
+    /// (P5): `/v1/…`, and Gemini's `/v1beta/…`.
+    pub fn is_api_path(path: &str) -> bool {
+        path.starts_with("/v1/") || path.starts_with("/v1beta/")
+    }
+
+    /// The family a non-projected API request belongs to (P5): Anthropic's and Google's paths
+    /// and headers say so; everything else is OpenAI-style.
     pub fn of_request(path: &str, headers: &http::HeaderMap) -> Family {
+        if path.starts_with("/v1beta/")
+            || headers.contains_key("x-goog-api-key")
+            || path.starts_with("/v1/models/") && path.contains(':')
+        {
+            return Family::Google;
+        }
         if path.starts_with("/v1/messages")
             || path == "/v1/complete"
             || headers.contains_key("anthropic-version")
@@ -172,20 +225,73 @@ impl Family {
         }
     }
 
-    /// An error body in the family's own shape (P4). `kind` is the provider's error type name.
-    pub fn error_body(self, kind: &str, code: &str, message: &str) -> Bytes {
+    /// An error body in the family's own shape (P4), for an error of `status`; `code` is
+    /// sluice's name for the error.
+    pub fn error_body(self, status: http::StatusCode, code: &str, message: &str) -> Bytes {
+        use http::StatusCode as S;
         let value = match self {
-            Family::OpenAi => serde_json::json!({
-                "error": {"message": message, "type": kind, "param": null, "code": code}
-            }),
-            Family::Anthropic => serde_json::json!({
-                "type": "error",
-                "error": {"type": kind, "message": message}
-            }),
+            Family::OpenAi => {
+                let kind = match status {
+                    S::NOT_FOUND => "not_found_error",
+                    S::GATEWAY_TIMEOUT => "timeout_error",
+                    s if s.is_client_error() => "invalid_request_error",
+                    _ => "api_error",
+                };
+                serde_json::json!({
+                    "error": {"message": message, "type": kind, "param": null, "code": code}
+                })
+            }
+            Family::Anthropic => {
+                let kind = match status {
+                    S::PAYLOAD_TOO_LARGE => "request_too_large",
+                    S::NOT_FOUND => "not_found_error",
+                    S::UNAUTHORIZED => "authentication_error",
+                    S::TOO_MANY_REQUESTS => "rate_limit_error",
+                    s if s.is_client_error() => "invalid_request_error",
+                    _ => "api_error",
+                };
+                serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+            }
+            Family::Google => {
+                // google.rpc.Code names, as the Gemini API answers them.
+                let name = match status {
+                    S::NOT_FOUND => "NOT_FOUND",
+                    S::UNAUTHORIZED => "UNAUTHENTICATED",
+                    S::TOO_MANY_REQUESTS => "RESOURCE_EXHAUSTED",
+                    S::SERVICE_UNAVAILABLE => "UNAVAILABLE",
+                    S::GATEWAY_TIMEOUT | S::REQUEST_TIMEOUT => "DEADLINE_EXCEEDED",
+                    s if s.is_client_error() => "INVALID_ARGUMENT",
+                    _ => "INTERNAL",
+                };
+                serde_json::json!({"error": {"code": status.as_u16(), "message": message,
+                    "status": name}})
+            }
         };
         Bytes::from(value.to_string())
     }
+
+    /// The header a route's own key goes in, and its value.
+    pub fn credential(self, key: &http::HeaderValue) -> (http::HeaderName, http::HeaderValue) {
+        match self {
+            Family::OpenAi => {
+                let mut bearer = http::HeaderValue::from_bytes(
+                    &[b"Bearer ".as_slice(), key.as_bytes()].concat(),
+                )
+                .unwrap_or_else(|_| key.clone());
+                bearer.set_sensitive(true);
+                (http::header::AUTHORIZATION, bearer)
+            }
+            Family::Anthropic => (http::HeaderName::from_static("x-api-key"), key.clone()),
+            Family::Google => (http::HeaderName::from_static("x-goog-api-key"), key.clone()),
+        }
+    }
 }
+
+/// The headers a client's credential may come in, whatever the dialect (a route's own key
+/// replaces all of them).
+pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "x-goog-api-key"];
+
+impl Family {}
 
 /// The byte span of `raw` inside `whole`. `raw` must have been borrowed from `whole` by
 /// serde_json; both are the same allocation, so the difference of their addresses is the offset.
@@ -247,13 +353,16 @@ mod tests {
 
     #[test]
     fn error_bodies_have_each_family_shape() {
-        let v: serde_json::Value =
-            serde_json::from_slice(&Family::OpenAi.error_body("invalid_request_error", "x", "m"))
-                .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&Family::OpenAi.error_body(
+            http::StatusCode::BAD_REQUEST,
+            "x",
+            "m",
+        ))
+        .unwrap();
         assert_eq!(v["error"]["message"], "m");
         assert_eq!(v["error"]["type"], "invalid_request_error");
         let v: serde_json::Value = serde_json::from_slice(&Family::Anthropic.error_body(
-            "invalid_request_error",
+            http::StatusCode::BAD_REQUEST,
             "x",
             "m",
         ))

@@ -1,10 +1,17 @@
-//! The three dialects' shapes as the core writes them ([`Shapes`]): text and image parts, user
-//! image parts rewritten or replaced by notes, and OpenAI chat's user message of a turn's images.
+//! The OpenAI and Anthropic dialects' shapes as the core reads and writes them ([`Shapes`]):
+//! text and image parts, user image parts rewritten or replaced by notes, and OpenAI chat's
+//! user message of a turn's images. (Gemini's are its own: `super::gemini`.)
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::Dialect;
+/// The three dialects whose shapes are written here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Classic {
+    OpenAiChat,
+    OpenAiResponses,
+    AnthropicMessages,
+}
 use crate::projection::attach::{Embedded, Extras};
 use crate::projection::shapes::{ImageRef, Part, Shapes};
 use crate::projection::{Edit, Raw, Rope, Span};
@@ -21,25 +28,25 @@ fn data_url_json(e: &Embedded) -> String {
     concat(&["\"data:", e.mime, ";base64,", &e.base64, "\""])
 }
 
-impl Dialect {
+impl Classic {
     /// The `type` of a text content part in a request (`text`, or Responses' `input_text`).
     fn text_type(self) -> &'static str {
         match self {
-            Dialect::OpenAiResponses => "input_text",
-            Dialect::OpenAiChat | Dialect::AnthropicMessages => "text",
+            Classic::OpenAiResponses => "input_text",
+            Classic::OpenAiChat | Classic::AnthropicMessages => "text",
         }
     }
 }
 
-impl Shapes for Dialect {
+impl Shapes for Classic {
     fn tag(&self) -> u8 {
         *self as u8
     }
 
     fn tokenizer(&self) -> crate::tokens::Tokenizer {
         match self {
-            Dialect::AnthropicMessages => crate::tokens::Tokenizer::Claude,
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => crate::tokens::Tokenizer::O200k,
+            Classic::AnthropicMessages => crate::tokens::Tokenizer::Claude,
+            Classic::OpenAiChat | Classic::OpenAiResponses => crate::tokens::Tokenizer::O200k,
         }
     }
 
@@ -81,11 +88,11 @@ impl Shapes for Dialect {
     }
 
     fn images_in_tool_results(&self) -> bool {
-        *self != Dialect::OpenAiChat
+        *self != Classic::OpenAiChat
     }
 
     fn takes_audio(&self) -> bool {
-        *self == Dialect::OpenAiChat
+        *self == Classic::OpenAiChat
     }
 
     fn audio_part(&self, format: &str, base64: &str) -> String {
@@ -95,13 +102,13 @@ impl Shapes for Dialect {
     }
 
     fn limits_many_images(&self) -> bool {
-        *self == Dialect::AnthropicMessages
+        *self == Classic::AnthropicMessages
     }
 
     fn cache_provider(&self) -> crate::projection::cache::Provider {
         match self {
-            Dialect::AnthropicMessages => crate::projection::cache::Provider::Anthropic,
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => {
+            Classic::AnthropicMessages => crate::projection::cache::Provider::Anthropic,
+            Classic::OpenAiChat | Classic::OpenAiResponses => {
                 crate::projection::cache::Provider::OpenAi
             }
         }
@@ -109,22 +116,22 @@ impl Shapes for Dialect {
 
     fn breakpoint_field(&self) -> &'static [u8] {
         match self {
-            Dialect::AnthropicMessages => b"\"cache_control\"",
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => b"",
+            Classic::AnthropicMessages => b"\"cache_control\"",
+            Classic::OpenAiChat | Classic::OpenAiResponses => b"",
         }
     }
 
     fn block_breakpoint(&self) -> &'static str {
         match self {
-            Dialect::AnthropicMessages => r#","cache_control":{"type":"ephemeral"}"#,
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => "",
+            Classic::AnthropicMessages => r#","cache_control":{"type":"ephemeral"}"#,
+            Classic::OpenAiChat | Classic::OpenAiResponses => "",
         }
     }
 
     fn top_breakpoint(&self) -> &'static str {
         match self {
-            Dialect::AnthropicMessages => r#""cache_control":{"type":"ephemeral"},"#,
-            Dialect::OpenAiChat | Dialect::OpenAiResponses => "",
+            Classic::AnthropicMessages => r#""cache_control":{"type":"ephemeral"},"#,
+            Classic::OpenAiChat | Classic::OpenAiResponses => "",
         }
     }
 
@@ -136,7 +143,7 @@ impl Shapes for Dialect {
         };
         match (self, image) {
             // The base64 is shared, not copied: it is sent from where it is kept.
-            (Dialect::AnthropicMessages, ImageRef::Data(em)) => {
+            (Classic::AnthropicMessages, ImageRef::Data(em)) => {
                 let mut part = Rope::from(concat(&[
                     r#"{"type":"image","source":{"type":"base64","media_type":""#,
                     em.mime,
@@ -146,12 +153,12 @@ impl Shapes for Dialect {
                 part.push(concat(&[r#""}"#, outer, "}"]));
                 part
             }
-            (Dialect::AnthropicMessages, ImageRef::Url(_)) => format!(
+            (Classic::AnthropicMessages, ImageRef::Url(_)) => format!(
                 r#"{{"type":"image","source":{{"type":"url","url":{}}}{outer}}}"#,
                 url()
             )
             .into(),
-            (Dialect::OpenAiResponses, ImageRef::Data(em)) => {
+            (Classic::OpenAiResponses, ImageRef::Data(em)) => {
                 let mut part = Rope::from(concat(&[
                     r#"{"type":"input_image","image_url":"data:"#,
                     em.mime,
@@ -161,10 +168,10 @@ impl Shapes for Dialect {
                 part.push(concat(&["\"", outer, "}"]));
                 part
             }
-            (Dialect::OpenAiResponses, ImageRef::Url(_)) => {
+            (Classic::OpenAiResponses, ImageRef::Url(_)) => {
                 concat(&[r#"{"type":"input_image","image_url":"#, &url(), outer, "}"]).into()
             }
-            (Dialect::OpenAiChat, _) => concat(&[
+            (Classic::OpenAiChat, _) => concat(&[
                 r#"{"type":"image_url","image_url":{"url":"#,
                 &url(),
                 inner,
@@ -179,17 +186,17 @@ impl Shapes for Dialect {
     fn user_image_part(&self, part: Raw<'_>, em: &Embedded) -> Option<String> {
         let mut part: Map<String, Value> = serde_json::from_str(part.get()).ok()?;
         match self {
-            Dialect::AnthropicMessages => {
+            Classic::AnthropicMessages => {
                 let source = serde_json::json!({
                     "type": "base64", "media_type": em.mime, "data": &*em.base64
                 });
                 part.insert("source".into(), source);
             }
-            Dialect::OpenAiResponses => {
+            Classic::OpenAiResponses => {
                 part.insert("image_url".into(), data_url(em).into());
             }
             // `image_url` is an object in chat; a client's bare string becomes one.
-            Dialect::OpenAiChat => match part.get_mut("image_url") {
+            Classic::OpenAiChat => match part.get_mut("image_url") {
                 Some(Value::Object(url)) => {
                     url.insert("url".into(), data_url(em).into());
                 }
@@ -205,7 +212,7 @@ impl Shapes for Dialect {
     fn user_note_part(&self, part: Raw<'_>, text_json: &str) -> String {
         let mut out = format!(r#"{{"type":"{}","text":{text_json}"#, self.text_type());
         // Anthropic blocks may carry a cache breakpoint; it stays where it was (P2).
-        if *self == Dialect::AnthropicMessages {
+        if *self == Classic::AnthropicMessages {
             #[derive(serde::Deserialize)]
             struct Marker<'a> {
                 #[serde(borrow)]
@@ -224,7 +231,7 @@ impl Shapes for Dialect {
     }
 
     fn after_turns(&self, body: &[u8], turns: Vec<(usize, Vec<String>)>) -> Vec<Edit> {
-        if *self != Dialect::OpenAiChat || turns.is_empty() {
+        if *self != Classic::OpenAiChat || turns.is_empty() {
             return Vec::new();
         }
         let Some(spans) = std::str::from_utf8(body)

@@ -102,6 +102,11 @@ impl Stream {
         }
     }
 
+    /// Notes that a read call's events were held back.
+    pub fn hold_read(&mut self) {
+        self.held = true;
+    }
+
     /// Holds a closing event of the round.
     pub fn hold(&mut self, name: Option<String>, data: Value) {
         self.closing.push((name, data));

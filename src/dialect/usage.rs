@@ -49,6 +49,17 @@ struct Counts {
     cache_creation_input_tokens: Option<u64>,
     prompt_tokens_details: Option<Details>,
     input_tokens_details: Option<Details>,
+    #[serde(rename = "promptTokenCount", alias = "prompt_token_count")]
+    prompt_token_count: Option<u64>,
+    #[serde(
+        rename = "cachedContentTokenCount",
+        alias = "cached_content_token_count"
+    )]
+    cached_content_token_count: Option<u64>,
+    #[serde(rename = "candidatesTokenCount", alias = "candidates_token_count")]
+    candidates_token_count: Option<u64>,
+    #[serde(rename = "thoughtsTokenCount", alias = "thoughts_token_count")]
+    thoughts_token_count: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -67,11 +78,24 @@ struct Carrier<'a> {
     message: Option<&'a RawValue>,
     #[serde(borrow)]
     response: Option<&'a RawValue>,
+    #[serde(borrow, rename = "usageMetadata", alias = "usage_metadata")]
+    usage_metadata: Option<&'a RawValue>,
 }
 
 impl Counts {
     fn usage(self, dialect: Dialect) -> Usage {
         match dialect {
+            Dialect::GeminiGenerate => {
+                let total = self.prompt_token_count.unwrap_or(0);
+                let cached = self.cached_content_token_count.unwrap_or(0).min(total);
+                Usage {
+                    input: total - cached,
+                    output: self.candidates_token_count.unwrap_or(0)
+                        + self.thoughts_token_count.unwrap_or(0),
+                    cached,
+                    cache_creation: 0,
+                }
+            }
             Dialect::AnthropicMessages => Usage {
                 input: self.input_tokens.unwrap_or(0),
                 output: self.output_tokens.unwrap_or(0),
@@ -101,12 +125,16 @@ impl Counts {
 /// `message` (Anthropic `message_start`) or `response` (Responses events) it wraps.
 pub fn of_json(dialect: Dialect, json: &str) -> Option<Usage> {
     let carrier: Carrier = serde_json::from_str(json).ok()?;
-    let raw = carrier.usage.filter(|u| u.get() != "null").or_else(|| {
-        [carrier.message, carrier.response]
-            .into_iter()
-            .flatten()
-            .find_map(|inner| of_inner(inner.get()))
-    })?;
+    let raw = carrier
+        .usage
+        .or(carrier.usage_metadata)
+        .filter(|u| u.get() != "null")
+        .or_else(|| {
+            [carrier.message, carrier.response]
+                .into_iter()
+                .flatten()
+                .find_map(|inner| of_inner(inner.get()))
+        })?;
     let counts: Counts = serde_json::from_str(raw.get()).ok()?;
     Some(counts.usage(dialect))
 }

@@ -27,6 +27,8 @@ pub struct Call {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub id: String,
+    /// The name of the tool called (the read tool's).
+    pub name: String,
     pub text: String,
     pub media: Option<Media>,
 }
@@ -72,8 +74,8 @@ pub trait Wire: std::fmt::Debug + Sync {
     /// The read tool's definition: `name`, `description` and the JSON schema of its arguments.
     fn tool(&self, name: &str, description: &str, parameters: Value) -> Value;
 
-    /// The name of a client's tool definition, if it has one.
-    fn tool_name(&self, tool: &RawValue) -> Option<String>;
+    /// The names a client's tool definition declares.
+    fn tool_names(&self, tool: &RawValue) -> Vec<String>;
 
     /// The request's history member (`messages`, `input`, …).
     fn history_key(&self) -> &'static str;
@@ -132,6 +134,11 @@ pub trait Wire: std::fmt::Debug + Sync {
     /// A complete answer of `text` from `model`, as the provider would send it: a whole
     /// response, or its event stream (`sluice replay`'s stub provider).
     fn answer(&self, model: &str, text: &str, streamed: bool) -> String;
+
+    /// A token-counting endpoint's answer of `tokens`.
+    fn token_count(&self, tokens: u64) -> String {
+        format!(r#"{{"input_tokens":{tokens}}}"#)
+    }
 }
 
 /// One SSE event's text, named or not.
@@ -149,6 +156,7 @@ impl Dialect {
             Dialect::OpenAiChat => &super::openai_chat::Chat,
             Dialect::OpenAiResponses => &super::openai_responses::Responses,
             Dialect::AnthropicMessages => &super::anthropic::Messages,
+            Dialect::GeminiGenerate => &super::gemini::Gemini,
         }
     }
 }
@@ -298,10 +306,7 @@ impl<'a> Layout<'a> {
         let Some((_, tools)) = &self.tools else {
             return Vec::new();
         };
-        tools
-            .iter()
-            .filter_map(|t| self.wire.tool_name(t))
-            .collect()
+        tools.iter().flat_map(|t| self.wire.tool_names(t)).collect()
     }
 
     /// Adds `definition` as the last tool (C1).

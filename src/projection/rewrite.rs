@@ -3,7 +3,7 @@
 
 use super::attach::extract::Extracted;
 use super::attach::{self, Item, Media, Outcome};
-use super::shapes::{ImageRef, Shapes};
+use super::shapes::{ImageRef, NewContent, Shapes};
 use super::sounds::Heard;
 use super::view::{Raw, Rope, ToolResult};
 use crate::json::string as json_string;
@@ -21,7 +21,7 @@ pub(super) fn render_tool_content(
 ) -> (Rope, Vec<String>) {
     let text_json = json_string(text);
     let text_part = |json: &str| shapes.text_part(json, None);
-    let mut parts: Vec<Rope> = vec![text_part(&text_json).into()];
+    let mut parts: Vec<Rope> = Vec::new();
     let mut after_turn: Vec<String> = Vec::new();
     for (item, outcome) in e.items.iter().zip(outcomes) {
         let image = match (outcome, &item.media) {
@@ -43,28 +43,15 @@ pub(super) fn render_tool_content(
             after_turn.push(shapes.audio_part(format, base64));
         }
     }
-    parts.extend(e.others.iter().map(|o| Rope::from(o.clone())));
-    if let (Some(breakpoint), Some(last)) = (&e.breakpoint, parts.last_mut()) {
-        shapes.keep_breakpoint(last, breakpoint);
-    }
-    // A string stays a string where nothing but text is left (audio taken out, no image).
-    let text_only = e.items.is_empty() && e.others.is_empty();
-    let content = if (text_only || !shapes.images_in_tool_results())
-        && result.content.get().starts_with('"')
-    {
-        text_json.into()
-    } else {
-        // The parts as pieces: an embedded image's base64 is not copied here.
-        let mut content = Rope::from("[");
-        for (i, part) in parts.into_iter().enumerate() {
-            if i > 0 {
-                content.push(",");
-            }
-            content.push(part);
-        }
-        content.push("]");
-        content
+    let new = NewContent {
+        text_json: &text_json,
+        text_breakpoint: None,
+        media: parts,
+        others: e.others.iter().map(|o| Rope::from(o.clone())).collect(),
+        last_breakpoint: e.breakpoint.as_deref(),
+        as_parts: !e.items.is_empty() && shapes.images_in_tool_results(),
     };
+    let content = shapes.tool_content(result.content, new);
     (content, after_turn)
 }
 

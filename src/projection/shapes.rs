@@ -43,8 +43,76 @@ pub enum PartKind<'a> {
     Other,
 }
 
+/// A tool result's content as the core reads it.
+pub enum Content<'a> {
+    /// A plain string.
+    Text(Cow<'a, str>),
+    /// Parts, in order: each part's JSON text and how the dialect reads it (`None`: a part it
+    /// does not read, kept as it was).
+    Parts(Vec<(&'a str, Option<Part<'a>>)>),
+}
+
+/// What a tool result's content becomes (see [`Shapes::tool_content`]).
+pub struct NewContent<'r> {
+    /// Its text, as a JSON string.
+    pub text_json: &'r str,
+    /// The cache breakpoint the text part carries (that of the last text part it replaces).
+    pub text_breakpoint: Option<&'r str>,
+    /// Media parts shown, after the text.
+    pub media: Vec<Rope>,
+    /// Parts the core does not read, kept as they were, after the media.
+    pub others: Vec<Rope>,
+    /// A cache breakpoint for the last part written, unless it carries one.
+    pub last_breakpoint: Option<&'r str>,
+    /// Parts even when only text is left (a result that carried images stays in parts, its
+    /// shape the same whether they are shown or not).
+    pub as_parts: bool,
+}
+
 /// One wire API's shapes, as the core reads and writes them.
 pub trait Shapes: std::fmt::Debug + Sync {
+    /// Reads a tool result's content (its JSON text): a string, or parts; `None` when it is
+    /// neither (it is then left as it is).
+    fn content<'a>(&self, raw: &'a str) -> Option<Content<'a>> {
+        if raw.starts_with('"') {
+            return serde_json::from_str::<Cow<str>>(raw)
+                .ok()
+                .map(Content::Text);
+        }
+        let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+        Some(Content::Parts(
+            parts
+                .into_iter()
+                .map(|p| (p.get(), self.part(p.get())))
+                .collect(),
+        ))
+    }
+
+    /// A tool result's new content in place of `original`: a string stays a string where
+    /// nothing but text is left; otherwise a text part, the media, the other parts.
+    fn tool_content(&self, original: Raw<'_>, new: NewContent<'_>) -> Rope {
+        let text_only = new.media.is_empty() && new.others.is_empty() && !new.as_parts;
+        if text_only && original.get().starts_with('"') {
+            return Rope::from(new.text_json.to_string());
+        }
+        let mut parts: Vec<Rope> = vec![self.text_part(new.text_json, new.text_breakpoint).into()];
+        parts.extend(new.media);
+        parts.extend(new.others);
+        if let (Some(breakpoint), Some(last)) = (new.last_breakpoint, parts.last_mut()) {
+            self.keep_breakpoint(last, breakpoint);
+        }
+        // The parts as pieces: an embedded image's base64 is not copied here.
+        let mut content = Rope::from("[");
+        for (i, part) in parts.into_iter().enumerate() {
+            if i > 0 {
+                content.push(",");
+            }
+            content.push(part);
+        }
+        content.push("]");
+        content
+    }
+
     /// Reads one content part (its JSON text); `None` when it is not an object the dialect reads (it is then
     /// kept as it was).
     fn part<'a>(&self, json: &'a str) -> Option<Part<'a>>;

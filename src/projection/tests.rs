@@ -16,6 +16,7 @@ fn an_edited_request_changes_only_its_spliced_spans() {
         (Dialect::OpenAiChat, "{ \"x_unknown\" : {\"n\": 1.50e3},\n \"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"function\":{\"name\":\"ls\"}}]},\n\t{\"tool_call_id\":\"c1\", \"content\" :\"old\\nout\", \"role\":\"tool\"}], \"model\":\"m\", \"temperature\": 0.70 }"),
         (Dialect::OpenAiResponses, "{\"input\":[{\"output\":[{\"type\":\"input_text\",\"text\":\"old\"}],  \"type\":\"function_call_output\",\"call_id\":\"f\"}],\"model\":\"m\",\"z\":-0.0}"),
         (Dialect::AnthropicMessages, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"cache_control\":{\"type\":\"ephemeral\"},\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"old\"}]}],  \"max_tokens\":1e2}"),
+        (Dialect::GeminiGenerate, "{\"contents\":[{\"role\":\"user\",\"parts\":[{\"functionResponse\" : {\"name\":\"ls\",\"response\":{\"output\":\"old\"}}}]}],\"generationConfig\":{\"temperature\":0.70}}"),
     ];
     for (dialect, body) in cases {
         let body = Bytes::from(body);
@@ -47,6 +48,7 @@ fn an_edited_request_changes_only_its_spliced_spans() {
             Dialect::OpenAiChat => "/messages/1/content",
             Dialect::OpenAiResponses => "/input/0/output",
             Dialect::AnthropicMessages => "/messages/0/content/0/content",
+            Dialect::GeminiGenerate => "/contents/0/parts/0/functionResponse",
         };
         *before.pointer_mut(pointer).unwrap() = serde_json::json!("new");
         assert_eq!(before, after, "{dialect:?}");

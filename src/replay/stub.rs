@@ -75,13 +75,16 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         .unwrap_or_default();
     let asked: Asked = serde_json::from_slice(&body).unwrap_or_default();
     let model = asked.model.unwrap_or_default();
-    let (content_type, bytes) = match Dialect::from_path(&path) {
-        _ if path.ends_with("/count_tokens") => json_of(&json!({"input_tokens": 0})),
-        Some(dialect) if asked.stream => (
+    let (content_type, bytes) = match Dialect::endpoint(&path).map(|e| (e.dialect, e.counts)) {
+        Some((dialect, true)) => (
+            "application/json",
+            Bytes::from(dialect.wire().token_count(0)),
+        ),
+        Some((dialect, false)) if asked.stream => (
             "text/event-stream",
             Bytes::from(dialect.wire().answer(&model, "ok", true)),
         ),
-        Some(dialect) => (
+        Some((dialect, false)) => (
             "application/json",
             Bytes::from(dialect.wire().answer(&model, "ok", false)),
         ),

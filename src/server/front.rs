@@ -69,6 +69,8 @@ pub(super) struct Seen {
 #[derive(Clone, Copy)]
 pub(super) struct Ask<'r> {
     pub(super) dialect: Dialect,
+    /// The model the path names (Gemini), which the body then does not.
+    pub(super) model: Option<&'r str>,
     pub(super) headers: &'r HeaderMap,
     pub(super) request_id: &'r str,
     /// What was checked of the body as it arrived (`resume::Receiving`), if anything.
@@ -92,6 +94,7 @@ impl Shared {
         let body = body.clone();
         let (dialect, headers, request_id) =
             (ask.dialect, ask.headers.clone(), ask.request_id.to_owned());
+        let model = ask.model.map(str::to_owned);
         let received = ask.received.cloned();
         // The session and artifact reads it awaits are driven by this worker's runtime, which
         // keeps running while the pool thread waits for them.
@@ -100,6 +103,7 @@ impl Shared {
             runtime.block_on(async move {
                 let ask = Ask {
                     dialect,
+                    model: model.as_deref(),
                     headers: &headers,
                     request_id: &request_id,
                     received: received.as_ref(),
@@ -128,9 +132,12 @@ impl Shared {
         pooled: bool,
     ) -> Result<Front, GatewayError> {
         let dialect = ask.dialect;
-        let (view, read_before) = dialect
+        let (mut view, read_before) = dialect
             .read_view_resumed(body, ask.received, &self.resumes)
             .map_err(|e| GatewayError::BadJson(e.to_string()))?;
+        if let (None, Some(model)) = (&view.model, ask.model) {
+            view.model = Some(std::borrow::Cow::Owned(model.to_owned()));
+        }
         let count = |read, bytes: usize| {
             self.metrics
                 .view_bytes_total

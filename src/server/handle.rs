@@ -84,9 +84,10 @@ impl App {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let request_id = request_id(self.id_prefix, n);
         let path = req.uri().path();
-        let dialect = (req.method() == Method::POST)
-            .then(|| Dialect::from_path(path))
+        let endpoint = (req.method() == Method::POST)
+            .then(|| Dialect::endpoint(path))
             .flatten();
+        let dialect = endpoint.as_ref().map(|e| e.dialect);
         let mut ctx = Context {
             request_id,
             family: dialect
@@ -95,14 +96,14 @@ impl App {
             route: String::new(),
         };
         let inflight = InFlight::new(&self.metrics, ctx.dialect, start);
-        let result = if let Some(dialect) = dialect {
-            self.projected(dialect, req, start, &mut ctx, inflight)
+        let result = if let Some(endpoint) = endpoint {
+            self.projected(endpoint, req, start, &mut ctx, inflight)
                 .await
         } else if path.starts_with("/v1/sluice/") {
             drop(inflight);
             ctx.dialect = "sluice";
             self.sluice_endpoint(&req, &ctx).await
-        } else if path.starts_with("/v1/") {
+        } else if Family::is_api_path(path) {
             self.pass_through(req, &mut ctx, inflight).await
         } else if let Some(page) = path
             .starts_with("/sluice/ui")

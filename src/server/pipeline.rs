@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::dialect::completion::Completion;
-use crate::dialect::Dialect;
+use crate::dialect::Endpoint;
 use crate::encoding::Coding;
 use crate::error::GatewayError;
 use crate::projection::exit::Spill;
@@ -51,18 +51,21 @@ impl App {
     /// 12. **commit**: the delta, once the response reached the client (A9, [`Commit`]).
     pub(super) async fn projected(
         self: &Arc<Self>,
-        dialect: Dialect,
+        endpoint: Endpoint,
         req: Request<Incoming>,
         start: Instant,
         ctx: &mut Context,
         inflight: InFlight,
     ) -> Result<Response<Body>, GatewayError> {
         let (mut parts, incoming) = req.into_parts();
+        let dialect = endpoint.dialect;
+        dialect.normalise_head(&mut parts);
         // The body's share of max_inflight_body_bytes, held until the response is produced.
         let (body, received, _room) = self.read(&mut parts.headers, incoming).await?;
         let read_at = Instant::now();
         let ask = Ask {
             dialect,
+            model: endpoint.model.as_deref(),
             headers: &parts.headers,
             request_id: &ctx.request_id,
             received: received.as_ref(),
@@ -79,8 +82,8 @@ impl App {
         } = front;
         let route = self.routes.get(route).ok_or(GatewayError::Internal)?;
         ctx.route.clone_from(&route.config.name);
-        // count_tokens shows the model nothing: it never changes what was delivered.
-        let shows_model = !parts.uri.path().ends_with("/count_tokens");
+        // Counting tokens shows the model nothing: it never changes what was delivered.
+        let shows_model = !endpoint.counts;
         let mut commit = Commit::new(
             &self.shared,
             &self.commits,

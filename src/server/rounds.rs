@@ -418,6 +418,7 @@ impl App {
             }
             out.push(read::Answer {
                 id: call.id.clone(),
+                name: call.name.clone(),
                 text,
                 media,
             });

@@ -42,20 +42,11 @@ pub fn request_headers(mut headers: HeaderMap, route: &Route, family: Family) ->
         }
     }
     if let Some(key) = &route.api_key {
-        headers.remove(header::AUTHORIZATION);
-        headers.remove("x-api-key");
-        match family {
-            Family::OpenAi => {
-                let mut bearer =
-                    HeaderValue::from_bytes(&[b"Bearer ".as_slice(), key.as_bytes()].concat())
-                        .unwrap_or_else(|_| key.clone());
-                bearer.set_sensitive(true);
-                headers.insert(header::AUTHORIZATION, bearer);
-            }
-            Family::Anthropic => {
-                headers.insert(HeaderName::from_static("x-api-key"), key.clone());
-            }
+        for name in crate::dialect::CREDENTIAL_HEADERS {
+            headers.remove(name);
         }
+        let (name, value) = family.credential(key);
+        headers.insert(name, value);
     }
     headers
 }

@@ -461,12 +461,24 @@ async fn respond(
         }
         (state.script.pop_front(), state.window)
     };
-    let stream = request["stream"] == json!(true);
+    let gemini = gemini_method(&path);
+    let stream = request["stream"] == json!(true)
+        || gemini
+            .as_ref()
+            .is_some_and(|(_, m)| m == "streamGenerateContent");
     let model = request["model"]
         .as_str()
+        .or(gemini.as_ref().map(|(m, _)| m.as_str()))
         .unwrap_or("mock-model")
         .to_string();
     let dialect = match path.as_str() {
+        _ if gemini.as_ref().is_some_and(|(_, m)| m == "countTokens") => {
+            return json_response(
+                200,
+                json!({"totalTokens": recorded.body.len() / 4}).to_string(),
+            )
+        }
+        _ if gemini.is_some() => Dialect::Gemini,
         "/v1/chat/completions" => Dialect::Chat,
         "/v1/responses" => Dialect::Responses,
         "/v1/messages" => Dialect::Anthropic,
@@ -487,6 +499,13 @@ async fn respond(
         }
     };
     if let Some(refusal) = provider_rules(dialect, &request) {
+        if dialect == Dialect::Gemini {
+            return json_response(
+                400,
+                json!({"error": {"code": 400, "message": refusal, "status": "INVALID_ARGUMENT"}})
+                    .to_string(),
+            );
+        }
         return json_response(
             400,
             json!({"error": {"message": refusal, "type": "invalid_request_error"}}).to_string(),
@@ -522,6 +541,7 @@ async fn respond(
         Dialect::Chat => "chat",
         Dialect::Responses => "responses",
         Dialect::Anthropic => "anthropic",
+        Dialect::Gemini => "gemini",
     };
     let reply = reply
         .or_else(|| agent_shell(&request, dialect, &recorded.body))
@@ -628,6 +648,10 @@ fn read_tool(request: &Value, dialect: Dialect) -> Option<String> {
     let last = request["tools"].as_array()?.last()?;
     let name = match dialect {
         Dialect::Chat => &last["function"]["name"],
+        Dialect::Gemini => last["functionDeclarations"]
+            .as_array()?
+            .last()?
+            .get("name")?,
         _ => &last["name"],
     };
     name.as_str().map(str::to_string)
@@ -747,7 +771,25 @@ fn tool_results(request: &Value, dialect: Dialect) -> usize {
             .flatten()
             .filter(|m| m["role"] == "tool")
             .count(),
+        Dialect::Gemini => request["contents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["parts"].as_array())
+            .flatten()
+            .filter(|p| p.get("functionResponse").is_some())
+            .count(),
     }
+}
+
+/// A Gemini model method path: `/v1beta/models/{model}:{method}` (or `/v1/`): the model and
+/// the method.
+fn gemini_method(path: &str) -> Option<(String, String)> {
+    let rest = path
+        .strip_prefix("/v1beta/models/")
+        .or_else(|| path.strip_prefix("/v1/models/"))?;
+    let (model, method) = rest.rsplit_once(':')?;
+    Some((model.to_string(), method.to_string()))
 }
 
 /// For real agents with an MCP screenshot server: a request whose text's last
@@ -894,6 +936,7 @@ fn reference_tokens(dialect: Dialect, request: &Value) -> u64 {
     use sluice::tokens::Tokenizer;
     let tokenizer = match dialect {
         Dialect::Anthropic => Tokenizer::Claude,
+        Dialect::Gemini => Tokenizer::Gemini,
         _ => Tokenizer::O200k,
     };
     fn walk(v: &Value, tokenizer: Tokenizer, total: &mut u64) {
@@ -963,6 +1006,8 @@ fn context_rules(dialect: Dialect, request: &Value, window: u64) -> Option<Strin
         Dialect::Anthropic => json!({"type": "error", "error": {
             "type": "invalid_request_error",
             "message": format!("prompt is too long: {input} tokens > {} maximum", window - output.min(window))}}),
+        Dialect::Gemini => json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+            "message": format!("The input token count ({input}) exceeds the maximum number of tokens allowed ({window}).")}}),
     }
     .to_string())
 }
@@ -975,6 +1020,7 @@ fn context_rules(dialect: Dialect, request: &Value, window: u64) -> Option<Strin
 /// match the bytes.
 fn provider_rules(dialect: Dialect, request: &Value) -> Option<String> {
     match dialect {
+        Dialect::Gemini => gemini_rules(request),
         Dialect::Chat => {
             for m in request["messages"].as_array()? {
                 let has_image = m["content"]
@@ -1133,6 +1179,7 @@ enum Dialect {
     Chat,
     Responses,
     Anthropic,
+    Gemini,
 }
 
 /// A model's answer: text and tool calls, in order.
@@ -1243,6 +1290,13 @@ impl Dialect {
                 "completed",
                 responses_items(content, "completed"),
             ),
+            Dialect::Gemini => json!({
+                "candidates": [{"content": {"role": "model", "parts": gemini_parts(content)},
+                    "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5,
+                    "totalTokenCount": 15},
+                "modelVersion": model, "responseId": content.response_id()
+            }),
             Dialect::Anthropic => json!({
                 "id": format!("msg_mock_{}", content.1), "type": "message", "role": "assistant", "model": model,
                 "content": anthropic_blocks(content),
@@ -1257,7 +1311,151 @@ impl Dialect {
             Dialect::Chat => chat_events(model, content),
             Dialect::Responses => responses_events(model, content),
             Dialect::Anthropic => anthropic_events(model, content),
+            Dialect::Gemini => gemini_events(model, content),
         }
+    }
+}
+
+/// A Gemini answer's parts: text, then `functionCall`s (the first with a `thoughtSignature`,
+/// as Gemini 3 models sign a turn's first call).
+fn gemini_parts(content: &Content) -> Vec<Value> {
+    let mut parts: Vec<Value> = Vec::new();
+    let mut signed = false;
+    for (part, call) in content.0.iter().zip(0..) {
+        match part {
+            Part::Text(t) => parts.push(json!({"text": t})),
+            Part::Tool(name, args) => {
+                let id = format!("call_mock_{}_{}", content.1, call + 1);
+                let mut p = json!({"functionCall": {"name": name, "args": args, "id": id}});
+                if !std::mem::replace(&mut signed, true) {
+                    p["thoughtSignature"] = json!(format!("sig_{}", content.1));
+                }
+                parts.push(p);
+            }
+        }
+    }
+    parts
+}
+
+/// Gemini's stream: each text delta its own chunk; the last chunk carries the calls, the
+/// `finishReason` and the `usageMetadata`. No `[DONE]`.
+fn gemini_events(model: &str, content: &Content) -> Vec<Bytes> {
+    let chunk = |parts: Vec<Value>, last: bool| {
+        let mut c = json!({"candidates": [{"content": {"role": "model", "parts": parts},
+            "index": 0}], "modelVersion": model, "responseId": content.response_id(),
+            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 1,
+                "totalTokenCount": 11}});
+        if last {
+            c["candidates"][0]["finishReason"] = json!("STOP");
+            c["usageMetadata"] = json!({"promptTokenCount": 10, "candidatesTokenCount": 5,
+                "totalTokenCount": 15});
+        }
+        sse(None, &c)
+    };
+    let parts = gemini_parts(content);
+    let (texts, calls): (Vec<Value>, Vec<Value>) =
+        parts.into_iter().partition(|p| p.get("text").is_some());
+    let mut out: Vec<Bytes> = texts
+        .iter()
+        .flat_map(|t| deltas(t["text"].as_str().unwrap_or_default()))
+        .map(|d| chunk(vec![json!({"text": d})], false))
+        .collect();
+    out.push(chunk(calls, true));
+    out
+}
+
+/// The Gemini API's rules a request must keep (WIRE.md): `contents` alternate `user` and
+/// `model`, starting with `user`; every `functionCall` of a model turn is answered by a
+/// `functionResponse` of the same name (and id, when the call has one) in the next user turn;
+/// `inlineData` media types match their bytes; a function's `parameters` take no
+/// `additionalProperties` (only `parametersJsonSchema` does); `toolConfig`'s mode is one the
+/// API knows.
+fn gemini_rules(request: &Value) -> Option<String> {
+    let contents = request["contents"].as_array()?;
+    let mut expect = "user";
+    for (i, c) in contents.iter().enumerate() {
+        let role = c["role"].as_str().unwrap_or("user");
+        if role != expect {
+            return Some(format!(
+                "Please ensure that multiturn requests alternate between user and model (content {i} has role {role})."
+            ));
+        }
+        expect = if role == "user" { "model" } else { "user" };
+        let parts = c["parts"].as_array()?;
+        for p in parts {
+            let inlines = std::iter::once(p).chain(
+                p["functionResponse"]["parts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten(),
+            );
+            for inline in inlines.filter_map(|x| x.get("inlineData")) {
+                let mime = inline["mimeType"].as_str().unwrap_or("");
+                let bytes = base64::Engine::decode(
+                    &base64::engine::general_purpose::STANDARD,
+                    inline["data"].as_str().unwrap_or(""),
+                )
+                .unwrap_or_default();
+                if mime.starts_with("image/") && sniff(&bytes) != Some(mime) {
+                    return Some(format!("Unable to process input image ({mime})."));
+                }
+            }
+        }
+        let calls: Vec<&Value> = parts.iter().filter_map(|p| p.get("functionCall")).collect();
+        if role == "model" && !calls.is_empty() {
+            let next = contents.get(i + 1)?;
+            let answered: Vec<&Value> = next["parts"]
+                .as_array()?
+                .iter()
+                .filter_map(|p| p.get("functionResponse"))
+                .collect();
+            for call in calls {
+                let found = answered.iter().any(|r| {
+                    r["name"] == call["name"] && (call.get("id").is_none() || r["id"] == call["id"])
+                });
+                if !found {
+                    return Some(format!(
+                        "Please ensure that the number of function response parts is equal to the number of function call parts of the function call turn ({} unanswered).",
+                        call["name"]
+                    ));
+                }
+            }
+        }
+    }
+    for tool in request["tools"].as_array().into_iter().flatten() {
+        for f in tool["functionDeclarations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if f["parameters"].to_string().contains("additionalProperties") {
+                return Some(
+                    "Invalid JSON payload received. Unknown name \"additionalProperties\"".into(),
+                );
+            }
+        }
+    }
+    let mode = &request["toolConfig"]["functionCallingConfig"]["mode"];
+    if !mode.is_null() && !["AUTO", "ANY", "NONE", "VALIDATED"].contains(&mode.as_str()?) {
+        return Some(format!(
+            "Invalid value at 'tool_config.function_calling_config.mode' ({mode})"
+        ));
+    }
+    None
+}
+
+/// The image type the bytes are, by their magic bytes.
+fn sniff(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(b"\x89PNG") {
+        Some("image/png")
+    } else if bytes.starts_with(&[0xff, 0xd8]) {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"GIF8") {
+        Some("image/gif")
+    } else if bytes.len() > 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
     }
 }
 

@@ -125,12 +125,12 @@ fn positions(
         });
     };
     if !anthropic {
-        for key in ["tools", "system", "instructions"] {
+        for key in ["tools", "system", "instructions", "systemInstruction"] {
             if let Some(v) = request.get(key).filter(|v| !v.is_null()) {
                 push(&mut h, v, 0, None);
             }
         }
-        for key in ["messages", "input"] {
+        for key in ["messages", "input", "contents"] {
             match request.get(key) {
                 Some(Value::Array(items)) => {
                     for item in items {
@@ -335,6 +335,8 @@ impl Counted {
             "chat" => json!({"prompt_tokens": self.total, "completion_tokens": 5,
                 "total_tokens": self.total + 5,
                 "prompt_tokens_details": {"cached_tokens": self.cached}}),
+            "gemini" => json!({"promptTokenCount": self.total, "candidatesTokenCount": 5,
+                "totalTokenCount": self.total + 5, "cachedContentTokenCount": self.cached}),
             "responses" => json!({"input_tokens": self.total, "output_tokens": 5,
                 "total_tokens": self.total + 5,
                 "input_tokens_details": {"cached_tokens": self.cached},
@@ -352,6 +354,9 @@ impl Counted {
     pub fn onto_json(&self, dialect: &str, mut body: Value) -> Value {
         if body.get("usage").is_some() {
             body["usage"] = self.usage(dialect);
+        }
+        if body.get("usageMetadata").is_some() {
+            body["usageMetadata"] = self.usage(dialect);
         }
         body
     }
@@ -391,6 +396,9 @@ impl Counted {
                 continue;
             };
             match v["type"].as_str() {
+                None if dialect == "gemini" && v.get("usageMetadata").is_some() => {
+                    v["usageMetadata"] = self.usage(dialect);
+                }
                 Some("message_start") if dialect == "anthropic" => {
                     v["message"]["usage"] = self.usage(dialect);
                 }

@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 use super::{Content, Message, Metadata, Request};
 use crate::dialect::gathered::{Gathered, Names};
 use crate::dialect::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
-use crate::dialect::{count, span_of, Dialect, Text};
+use crate::dialect::{count, span_of, Text};
 use crate::projection::{Raw, RequestView, Span};
 
 pub(crate) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
@@ -202,7 +202,7 @@ fn view<'a>(body: &'a str, found: &Found, top: &Top) -> RequestView<'a> {
         conversation: text(&top.user_id),
         root,
         body,
-        shapes: &Dialect::AnthropicMessages,
+        shapes: &crate::dialect::render::Classic::AnthropicMessages,
         max_output: top.max_tokens,
         model: text(&top.model),
         tool_results: found.gathered.tool_results(body),

@@ -41,7 +41,7 @@ impl Wire for Chat {
             "name": name, "description": description, "parameters": parameters}})
     }
 
-    fn tool_name(&self, tool: &RawValue) -> Option<String> {
+    fn tool_names(&self, tool: &RawValue) -> Vec<String> {
         #[derive(Deserialize)]
         struct Named {
             name: Option<String>,
@@ -51,8 +51,11 @@ impl Wire for Chat {
             function: Option<Named>,
             custom: Option<Named>,
         }
-        let t: Tool = serde_json::from_str(tool.get()).ok()?;
-        t.function.or(t.custom)?.name
+        serde_json::from_str::<Tool>(tool.get())
+            .ok()
+            .and_then(|t| t.function.or(t.custom)?.name)
+            .into_iter()
+            .collect()
     }
 
     fn history_key(&self) -> &'static str {

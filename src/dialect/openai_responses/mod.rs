@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 use super::gathered::{Gathered, Names};
 use super::resume::{self, Cursor, Field, Kept, Mark, Piece, Resumes, Seen, Table, Walk};
-use super::{count, elements, span_of, Dialect, Text};
+use super::{count, elements, span_of, Text};
 use crate::projection::{Raw, RequestView, Span};
 
 #[derive(Deserialize)]
@@ -241,7 +241,7 @@ impl<'a> Walk<'a> for Reading<'a> {
             conversation: top.prompt_cache_key.as_ref().map(|p| p.text(body)),
             root,
             body,
-            shapes: &Dialect::OpenAiResponses,
+            shapes: &super::render::Classic::OpenAiResponses,
             max_output: top.max_output,
             model: top.model.as_ref().map(|p| p.text(body)),
             tool_results: f.gathered.tool_results(body),

@@ -38,12 +38,16 @@ impl Wire for Responses {
             "parameters": parameters})
     }
 
-    fn tool_name(&self, tool: &RawValue) -> Option<String> {
+    fn tool_names(&self, tool: &RawValue) -> Vec<String> {
         #[derive(Deserialize)]
         struct Named {
             name: Option<String>,
         }
-        serde_json::from_str::<Named>(tool.get()).ok()?.name
+        serde_json::from_str::<Named>(tool.get())
+            .ok()
+            .and_then(|t| t.name)
+            .into_iter()
+            .collect()
     }
 
     fn history_key(&self) -> &'static str {

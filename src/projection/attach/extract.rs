@@ -6,10 +6,8 @@
 //! URLs), checked, stored, and named by a reference line; no model is sent its base64
 //! (docs/audio.md).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{Item, Media};
@@ -17,7 +15,7 @@ use crate::audio::{AudioRefusal, CheckedAudio};
 use crate::image::{check, decode_base64, Refusal};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
 use crate::projection::policy::Lifetime;
-use crate::projection::shapes::{PartKind, Shapes};
+use crate::projection::shapes::{Content, PartKind, Shapes};
 use crate::projection::Raw;
 use crate::tenant::Tenant;
 
@@ -184,9 +182,9 @@ impl Finder<'_> {
 
     /// Remembers the fields of the native part the last image came in (P2: `detail` and the
     /// like survive the rebuild).
-    fn keep_extras(&mut self, shapes: &dyn Shapes, part: &RawValue) {
+    fn keep_extras(&mut self, shapes: &dyn Shapes, part: &str) {
         if let Some(item) = self.items.last_mut() {
-            item.extras = shapes.part_extras(part.get()).map(Arc::new);
+            item.extras = shapes.part_extras(part).map(Arc::new);
         }
     }
 
@@ -345,51 +343,55 @@ pub fn from_result(shapes: &dyn Shapes, content: Raw<'_>, tenant: &Tenant) -> Op
         audio: Vec::new(),
     };
     let mut out = Extracted::default();
-    if raw.starts_with('"') {
-        let text: Cow<str> = serde_json::from_str(raw).ok()?;
-        out.text = finder.text(&text);
-    } else {
-        let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
-        let mut texts: Vec<String> = Vec::new();
-        for (i, part) in parts.iter().enumerate() {
-            let Some(p) = shapes.part(part.get()) else {
-                out.others.push(part.get().to_string());
-                continue;
-            };
-            let last = i + 1 == parts.len();
-            if last {
-                out.breakpoint = p.breakpoint.map(|c| c.get().to_string());
-            }
-            let others_before = out.others.len();
-            let lifetime = p
-                .meta
-                .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
-                .and_then(|m| hint(Some(&m)));
-            match p.kind {
-                PartKind::Text(text) => texts.push(finder.text(&text)),
-                PartKind::Image { base64, mime } => {
-                    texts.push(finder.image(&base64, mime.as_deref(), lifetime));
-                    finder.keep_extras(shapes, part);
-                }
-                PartKind::ImageUrl(url) if is_data_url(&url) => {
-                    let (mime, data) = split_data_url(&url);
-                    texts.push(finder.image(data, mime, lifetime));
-                    finder.keep_extras(shapes, part);
-                }
-                PartKind::ImageUrl(url) => {
-                    texts.push(finder.remote(&url));
-                    finder.keep_extras(shapes, part);
-                }
-                PartKind::Audio { base64, mime } => {
-                    texts.push(finder.audio(&base64, mime.as_deref(), lifetime));
-                }
-                PartKind::Other => out.others.push(part.get().to_string()),
-            }
-            if last && out.others.len() > others_before {
-                // The last part is kept as it was, its own breakpoint with it.
-                out.breakpoint = None;
-            }
+    let parts = match shapes.content(raw)? {
+        Content::Text(text) => {
+            out.text = finder.text(&text);
+            Vec::new()
         }
+        Content::Parts(parts) => parts,
+    };
+    let mut texts: Vec<String> = Vec::new();
+    let count = parts.len();
+    for (i, (part, read)) in parts.into_iter().enumerate() {
+        let Some(p) = read else {
+            out.others.push(part.to_string());
+            continue;
+        };
+        let last = i + 1 == count;
+        if last {
+            out.breakpoint = p.breakpoint.map(|c| c.get().to_string());
+        }
+        let others_before = out.others.len();
+        let lifetime = p
+            .meta
+            .and_then(|m| serde_json::from_str::<Value>(m.get()).ok())
+            .and_then(|m| hint(Some(&m)));
+        match p.kind {
+            PartKind::Text(text) => texts.push(finder.text(&text)),
+            PartKind::Image { base64, mime } => {
+                texts.push(finder.image(&base64, mime.as_deref(), lifetime));
+                finder.keep_extras(shapes, part);
+            }
+            PartKind::ImageUrl(url) if is_data_url(&url) => {
+                let (mime, data) = split_data_url(&url);
+                texts.push(finder.image(data, mime, lifetime));
+                finder.keep_extras(shapes, part);
+            }
+            PartKind::ImageUrl(url) => {
+                texts.push(finder.remote(&url));
+                finder.keep_extras(shapes, part);
+            }
+            PartKind::Audio { base64, mime } => {
+                texts.push(finder.audio(&base64, mime.as_deref(), lifetime));
+            }
+            PartKind::Other => out.others.push(part.to_string()),
+        }
+        if last && out.others.len() > others_before {
+            // The last part is kept as it was, its own breakpoint with it.
+            out.breakpoint = None;
+        }
+    }
+    if count > 0 {
         out.text = texts.join("\n");
     }
     if finder.items.is_empty() && finder.audio.is_empty() {

@@ -18,9 +18,9 @@ use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::memos::Memos;
-use super::shapes::{PartKind, Shapes};
+use super::shapes::{Content, NewContent, Part, PartKind, Shapes};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
-use crate::projection::{Edit, Raw, RequestView, ToolResult};
+use crate::projection::{Edit, Raw, RequestView, Rope, ToolResult};
 use crate::tenant::Tenant;
 use text::{fits, utf16_len, Budget, Lines, Position};
 
@@ -124,21 +124,23 @@ pub(crate) fn memo_key(
     h.digest128()
 }
 
-/// The tool result's text and, for an array, its parts: text parts are budgeted as one text,
+/// The tool result's text and, for parts, the parts: text parts are budgeted as one text,
 /// joined by newlines (SPEC section 3); other parts are kept as they are.
-fn read_content<'a>(
-    shapes: &dyn Shapes,
-    content: Raw<'a>,
-) -> Option<(Cow<'a, str>, Option<Vec<&'a RawValue>>)> {
-    let raw = content.get();
-    if raw.starts_with('"') {
-        return Some((serde_json::from_str::<Cow<str>>(raw).ok()?, None));
-    }
-    let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+fn read_content<'a>(shapes: &dyn Shapes, content: Raw<'a>) -> Option<(Cow<'a, str>, Parts<'a>)> {
+    let parts = match shapes.content(content.get())? {
+        Content::Text(text) => return Some((text, None)),
+        Content::Parts(parts) => parts,
+    };
     let mut texts = Vec::new();
-    for part in &parts {
-        if let PartKind::Text(text) = shapes.part(part.get())?.kind {
-            texts.push(text);
+    for (_, part) in &parts {
+        match part {
+            Some(Part {
+                kind: PartKind::Text(text),
+                ..
+            }) => texts.push(text.clone()),
+            Some(_) => {}
+            // A part the dialect cannot read: the content is left as it is.
+            None => return None,
         }
     }
     let text = if texts.len() == 1 {
@@ -148,6 +150,9 @@ fn read_content<'a>(
     };
     Some((text, Some(parts)))
 }
+
+/// A content's parts as [`Shapes::content`] reads them; `None` for a plain string.
+type Parts<'a> = Option<Vec<(&'a str, Option<Part<'a>>)>>;
 
 /// The text a tool result's content carries, as the text exit reads it (text parts joined by
 /// newlines); `None` when it is neither a string nor an array of parts.
@@ -181,11 +186,8 @@ fn project_result(
         return (None, None);
     };
     let page_json = serde_json::Value::String(page).to_string();
-    let replacement = match parts {
-        None => page_json,
-        Some(parts) => replace_parts(shapes, &parts, &page_json),
-    };
-    (Some(Bytes::from(replacement)), Some(spill))
+    let replacement = replace_parts(shapes, content, parts.unwrap_or_default(), &page_json);
+    (Some(replacement.to_bytes()), Some(spill))
 }
 
 /// `text` as the model sees it under the budget: `None` when it fits as it is; else its first
@@ -220,29 +222,35 @@ fn page_cow(text: Cow<'_, str>, policy: &Policy<'_>) -> Option<(String, Spill)> 
     Some((page.text, spill))
 }
 
-/// The new content array: one text part holding the page (in the dialect's shape, with the
-/// cache breakpoint of the last text part, if any), then the non-text parts as they were.
-fn replace_parts(shapes: &dyn Shapes, parts: &[&RawValue], page_json: &str) -> String {
+/// The new content: one text part holding the page (in the dialect's shape, with the cache
+/// breakpoint of the last text part, if any), then the non-text parts as they were.
+fn replace_parts(
+    shapes: &dyn Shapes,
+    original: Raw<'_>,
+    parts: Vec<(&str, Option<Part<'_>>)>,
+    page_json: &str,
+) -> Rope {
     let mut breakpoint = None;
     let mut others = Vec::new();
-    for part in parts {
-        match shapes.part(part.get()) {
+    for (raw, part) in parts {
+        match part {
             Some(p) if matches!(p.kind, PartKind::Text(_)) => {
                 if p.breakpoint.is_some() {
                     breakpoint = p.breakpoint;
                 }
             }
-            _ => others.push(part.get()),
+            _ => others.push(Rope::from(raw.to_string())),
         }
     }
-    let mut out = String::from("[");
-    out.push_str(&shapes.text_part(page_json, breakpoint.map(RawValue::get)));
-    for other in others {
-        out.push(',');
-        out.push_str(other);
-    }
-    out.push(']');
-    out
+    let new = NewContent {
+        text_json: page_json,
+        text_breakpoint: breakpoint.map(RawValue::get),
+        media: Vec::new(),
+        others,
+        last_breakpoint: None,
+        as_parts: false,
+    };
+    shapes.tool_content(original, new)
 }
 
 #[cfg(test)]

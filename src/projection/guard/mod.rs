@@ -19,7 +19,7 @@ use super::exit::text::{Lines, Position};
 use super::exit::{self, Spill};
 use super::memos::Memos;
 use super::policy::{ContextLimits, Policy};
-use super::shapes::Shapes;
+use super::shapes::{NewContent, Shapes};
 use super::view::Edit;
 use super::{Context, Prepared, Projection, RequestView, Span, ToolResult};
 use crate::projection::artifact::{ArtifactId, ArtifactKind};
@@ -355,16 +355,20 @@ pub fn placeholder(
         policy.read_tool
     );
     let json = serde_json::Value::String(line).to_string();
-    let with = if result.content.get().starts_with('"') {
-        json
-    } else {
-        format!("[{}]", view.shapes.text_part(&json, None))
+    let new = NewContent {
+        text_json: &json,
+        text_breakpoint: None,
+        media: Vec::new(),
+        others: Vec::new(),
+        last_breakpoint: None,
+        as_parts: false,
     };
+    let with = view.shapes.tool_content(result.content, new).to_bytes();
     let spill = Spill {
         id,
         bytes: Bytes::from(text.to_owned()),
     };
-    (Bytes::from(with), spill)
+    (with, spill)
 }
 
 /// The text a tool result carries, as a retired result's artifact holds it.

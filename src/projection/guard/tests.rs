@@ -6,7 +6,6 @@ use crate::config::RouteConfig;
 use crate::dialect::Dialect;
 use crate::memo::Memo;
 use crate::projection::attach::state::{apply, SessionState};
-use crate::projection::shapes::Shapes;
 use crate::projection::splice;
 use crate::tenant::Tenant;
 use serde_json::{json, Value};
@@ -56,6 +55,14 @@ fn request(dialect: Dialect, turns: usize) -> Value {
                 m.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{i}"), "content": output(i)}]}));
             }
             json!({"model": "claude-sonnet-4-5", "max_tokens": 1000, "messages": m})
+        }
+        Dialect::GeminiGenerate => {
+            let mut c = vec![json!({"role": "user", "parts": [{"text": "Fix it."}]})];
+            for i in 0..turns {
+                c.push(json!({"role": "model", "parts": [{"functionCall": {"name": "bash", "args": {}, "id": format!("c{i}")}}]}));
+                c.push(json!({"role": "user", "parts": [{"functionResponse": {"name": "bash", "id": format!("c{i}"), "response": {"output": output(i)}}}]}));
+            }
+            json!({"model": "gemini-2.5-pro", "generationConfig": {"maxOutputTokens": 1000}, "contents": c})
         }
     }
 }
@@ -131,7 +138,7 @@ fn the_estimate_is_within_3_percent_of_the_published_count() {
             );
             let report = p.context.unwrap();
             assert_eq!(report.batch, 0);
-            let tokenizer = dialect.tokenizer();
+            let tokenizer = dialect.shapes().tokenizer();
             let reference = reference(tokenizer, &serde_json::from_str(&body).unwrap());
             let ratio = report.estimated as f64 / reference as f64;
             println!(

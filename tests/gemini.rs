@@ -1,0 +1,339 @@
+//! The Gemini API through sluice, end to end against the mock provider in Gemini's shapes (it
+//! enforces the API's rules: alternating roles, every `functionCall` answered, media types
+//! that match their bytes, no `additionalProperties` in `parameters`): the model in the path,
+//! the key moved out of the URL, a long `functionResponse` spilled (T3) and read on through the
+//! read tool (C1, C2), whole and streamed, the hidden rounds spliced back (C3), images in a
+//! `functionResponse` (A3), errors in Gemini's shape (P4), and the inspector's usage.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const GENERATE: &str = "/v1beta/models/gemini-3-pro-preview:generateContent";
+const STREAM: &str = "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse";
+const KEY: &str = "gemini-test-key";
+
+fn config(mock: &MockUpstream, route: &str) -> String {
+    format!(
+        "{}\n[[routes]]\nname = \"gemini\"\ndialects = [\"gemini-generate\"]\nmodels = [\"*\"]\nupstream = \"{}\"\n{route}\n",
+        config_for(&mock.base_url(), ""),
+        mock.base_url()
+    )
+}
+
+/// A Gemini CLI-shaped turn: the user's ask, the model's shell call, its `functionResponse`
+/// with the output in `response.output`.
+fn request(output: &str, ask: &str) -> Value {
+    json!({
+        "contents": [
+            {"role": "user", "parts": [{"text": ask}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command",
+                "args": {"command": "cargo test"}, "id": "call-1"},
+                "thoughtSignature": "c2lnbmF0dXJl"}]},
+            {"role": "user", "parts": [{"functionResponse": {"id": "call-1",
+                "name": "run_shell_command", "response": {"output": output}}}]}
+        ],
+        "systemInstruction": {"parts": [{"text": "You are a coding agent."}]},
+        "tools": [{"functionDeclarations": [{"name": "run_shell_command",
+            "description": "Runs a shell command.",
+            "parametersJsonSchema": {"type": "object", "properties": {"command": {"type": "string"}}}}]}],
+        "generationConfig": {"temperature": 0, "maxOutputTokens": 1024}
+    })
+}
+
+async fn send(sluice: &Sluice, path: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(sluice.url(path))
+        .header("x-goog-api-key", KEY)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The parts the client received: a whole response's, or every chunk's of a stream, in order.
+async fn received(response: reqwest::Response, streamed: bool) -> (Vec<Value>, Vec<Value>) {
+    let text = response.text().await.unwrap();
+    let chunks: Vec<Value> = if streamed {
+        text.split("\n\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect()
+    } else {
+        vec![serde_json::from_str(&text).unwrap()]
+    };
+    let parts = chunks
+        .iter()
+        .flat_map(|c| {
+            c["candidates"][0]["content"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    (parts, chunks)
+}
+
+fn text_of(parts: &[Value]) -> String {
+    parts.iter().filter_map(|p| p["text"].as_str()).collect()
+}
+
+fn reads_two_then_answers() -> Vec<Reply> {
+    let read = |before: Option<&str>| Reply::Read {
+        before: before.map(str::to_string),
+        also: None,
+        answer: "no cursor".into(),
+    };
+    vec![
+        read(Some("Let me read on. ")),
+        read(None),
+        Reply::Text("The build failed in crate-7.".into()),
+    ]
+}
+
+/// The pages of the spilled output the request shows the model.
+fn pages(request: &Value) -> usize {
+    request.to_string().matches("sluice: lines ").count()
+}
+
+/// T3, C1, C2, C3 in Gemini's shapes, whole and streamed: the long output is spilled, the model
+/// reads two pages through `sluice_read` (a `functionDeclarations` entry with a
+/// `parametersJsonSchema`), the client gets one answer without the read calls, and its next turn
+/// carries the rounds the model had.
+#[tokio::test]
+async fn a_long_function_response_is_spilled_read_on_and_spliced_back_t3_c1_c2_c3() {
+    let output = tool_output(150_000);
+    for streamed in [false, true] {
+        let case = format!("streamed={streamed}");
+        let mock = MockUpstream::start();
+        let sluice = Sluice::start(&config(&mock, ""));
+        mock.script(reads_two_then_answers());
+        let first = request(&output, "Why does the build fail?");
+        let path = if streamed { STREAM } else { GENERATE };
+        let response = send(&sluice, path, &first).await;
+        assert_eq!(response.status(), 200, "{case}");
+        let (parts, chunks) = received(response, streamed).await;
+        assert_eq!(
+            text_of(&parts),
+            "Let me read on. The build failed in crate-7.",
+            "{case}"
+        );
+        assert!(
+            parts.iter().all(|p| p.get("functionCall").is_none()),
+            "{case}: no read call reaches the client: {parts:?}"
+        );
+        let last = chunks.last().unwrap();
+        assert_eq!(last["candidates"][0]["finishReason"], "STOP", "{case}");
+        let upstream = mock.requests();
+        assert_eq!(upstream.len(), 3, "{case}: two read rounds and the answer");
+        for r in &upstream {
+            assert!(r.uri.contains(":generateContent") || r.uri.contains(":streamGenerateContent"));
+            assert_eq!(r.headers["x-goog-api-key"], KEY, "{case}");
+        }
+        let bodies: Vec<Value> = upstream.iter().map(|r| r.json()).collect();
+        // T3: the first request shows a page of the output, in `response.output`.
+        let shown = bodies[0]["contents"][2]["parts"][0]["functionResponse"]["response"]["output"]
+            .as_str()
+            .unwrap();
+        assert!(shown.len() < output.len() / 3, "{case}: spilled");
+        assert!(shown.contains("artifact://"), "{case}");
+        // C1: the read tool is a function declaration with a JSON schema, the same every round.
+        let tools: Vec<String> = bodies.iter().map(|b| b["tools"].to_string()).collect();
+        assert!(tools.windows(2).all(|w| w[0] == w[1]), "{case}");
+        assert_eq!(
+            bodies[0]["tools"][1]["functionDeclarations"][0]["name"],
+            "sluice_read"
+        );
+        assert_eq!(
+            bodies[0]["tools"][1]["functionDeclarations"][0]["parametersJsonSchema"]["type"],
+            "object"
+        );
+        // C2: each round adds a page; the model's signed call goes back as it came.
+        assert_eq!(bodies.iter().map(pages).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            bodies[1]["contents"][1]["parts"][0]["thoughtSignature"],
+            "c2lnbmF0dXJl"
+        );
+        let round = &bodies[1]["contents"][3];
+        assert_eq!(round["role"], "model", "{case}: {round}");
+        assert!(round["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(
+                |p| p["functionCall"]["name"] == "sluice_read" && p["thoughtSignature"].is_string()
+            ));
+
+        // C3: the next turn shows the model its rounds in place of what the client received.
+        let mut second = first.clone();
+        let contents = second["contents"].as_array_mut().unwrap();
+        contents.push(json!({"role": "model", "parts": parts}));
+        contents.push(json!({"role": "user", "parts": [{"text": "thanks, fix it"}]}));
+        mock.script([Reply::Text("ok".into())]);
+        for _ in 0..100 {
+            // The link lands when the response reached the client.
+            let m = sluice.metrics().await;
+            if metric(&m, "sluice_commits_total{outcome=\"committed\"}") >= 1.0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let response = send(&sluice, path, &second).await;
+        assert_eq!(response.status(), 200, "{case}");
+        let spliced = mock.last().json();
+        assert_eq!(pages(&spliced), 3, "{case}: the pages read are back");
+        let roles: Vec<&str> = spliced["contents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            roles,
+            ["user", "model", "user", "model", "user", "model", "user", "model", "user"],
+            "{case}: the rounds, alternating as the API wants"
+        );
+    }
+}
+
+/// The key a client puts in the URL (`?key=`) travels in `x-goog-api-key` instead: no URL sluice
+/// forwards carries it, and it names the same tenant as the header would.
+#[tokio::test]
+async fn a_key_in_the_url_moves_into_its_header() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    mock.script([Reply::Text("hi".into())]);
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]});
+    let response = client()
+        .post(sluice.url(&format!("{STREAM}&key={KEY}")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (parts, _) = received(response, true).await;
+    assert_eq!(text_of(&parts), "hi");
+    let got = mock.last();
+    assert!(!got.uri.contains("key="), "{}", got.uri);
+    assert!(got.uri.ends_with("?alt=sse"), "{}", got.uri);
+    assert_eq!(got.headers["x-goog-api-key"], KEY);
+    assert!(
+        !sluice.logs().join("\n").contains(KEY),
+        "the key is never logged"
+    );
+}
+
+/// P4: sluice's own errors in Gemini's shape, with the status the API would use.
+#[tokio::test]
+async fn errors_come_in_geminis_shape_p4() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    let response = client()
+        .post(sluice.url(GENERATE))
+        .header("x-goog-api-key", KEY)
+        .body("{\"contents\": [")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let v: Value = response.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 400);
+    assert_eq!(v["error"]["status"], "INVALID_ARGUMENT");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("sluice:"));
+    // A provider's own refusal passes as it came (P3).
+    let body = json!({"contents": [{"role": "model", "parts": [{"text": "first"}]}]});
+    let response = send(&sluice, GENERATE, &body).await;
+    assert_eq!(response.status(), 400);
+    let v: Value = response.json().await.unwrap();
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("alternate between user and model"));
+    // No upstream: 502, Gemini-shaped.
+    let dead = Sluice::start(&config_for("http://127.0.0.1:9", "").replace(
+        "[[routes]]\nname = \"openai\"",
+        "[[routes]]\nname = \"gemini\"\ndialects = [\"gemini-generate\"]\nmodels = [\"*\"]\nupstream = \"http://127.0.0.1:9\"\n\n[[routes]]\nname = \"openai\"",
+    ));
+    let response = send(&dead, GENERATE, &body).await;
+    assert_eq!(response.status(), 502);
+    let v: Value = response.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 502);
+    assert_eq!(v["error"]["status"], "INTERNAL");
+}
+
+/// `countTokens` is forwarded and shows the model nothing; other Gemini paths pass through
+/// (P5), the model list among them.
+#[tokio::test]
+async fn counting_and_other_paths_pass_through_p5() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]});
+    let response = send(
+        &sluice,
+        "/v1beta/models/gemini-2.5-flash:countTokens",
+        &body,
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let v: Value = response.json().await.unwrap();
+    assert!(v["totalTokens"].as_u64().is_some());
+    let response = client()
+        .get(sluice.url("/v1beta/models?pageSize=5"))
+        .header("x-goog-api-key", KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let v: Value = response.json().await.unwrap();
+    assert_eq!(v["uri"], "/v1beta/models?pageSize=5");
+}
+
+/// A screenshot in a `functionResponse`'s `parts` is checked and kept there (A7); with the
+/// route's images off it becomes its placeholder and the bytes never reach the model (A1).
+#[tokio::test]
+async fn images_in_a_function_response_are_kept_or_gated_a1_a7() {
+    let png = picture(64, 48, image::ImageFormat::Png);
+    let body = json!({
+        "contents": [
+            {"role": "user", "parts": [{"text": "take a screenshot"}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "screenshot", "args": {}, "id": "s1"}}]},
+            {"role": "user", "parts": [{"functionResponse": {"id": "s1", "name": "screenshot",
+                "response": {"output": "Took a screenshot."},
+                "parts": [{"inlineData": {"mimeType": "image/jpeg", "data": b64(&png)}}]}}]}
+        ]
+    });
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    mock.script([Reply::Text("I see it.".into())]);
+    let response = send(&sluice, GENERATE, &body).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let got = mock.last().json();
+    let answered = &got["contents"][2]["parts"][0]["functionResponse"];
+    // M2: the bytes decide the type; the mislabelled PNG is sent as what it is.
+    assert_eq!(answered["parts"][0]["inlineData"]["mimeType"], "image/png");
+    assert_eq!(answered["parts"][0]["inlineData"]["data"], b64(&png));
+    assert!(answered["response"]["output"]
+        .as_str()
+        .unwrap()
+        .contains("[image #1: image/png 64×48"));
+
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, "input_modalities = [\"text\"]"));
+    mock.script([Reply::Text("No picture.".into())]);
+    let response = send(&sluice, GENERATE, &body).await;
+    assert_eq!(response.status(), 200);
+    let got = mock.last();
+    assert!(!String::from_utf8_lossy(&got.body).contains(&b64(&png)[..64]));
+    let answered = &got.json()["contents"][2]["parts"][0]["functionResponse"];
+    assert!(answered.get("parts").is_none(), "{answered}");
+    assert!(answered["response"]["output"]
+        .as_str()
+        .unwrap()
+        .contains("no visual content"));
+}
