@@ -1,5 +1,5 @@
-//! Real agents through sluice (issue "real wire"): Claude Code and Codex CLI, pinned and
-//! installed by `tests/agents/run.sh` from the npm registry, run against sluice and the mock
+//! Real agents through sluice (issue "real wire", #40): Claude Code, Codex CLI and Gemini CLI,
+//! pinned and installed by `tests/agents/run.sh` from the npm registry, run against sluice and the mock
 //! model. The model runs the agent's own shell tool (`seq 1 N`), sluice spills the long result
 //! (T3) and offers its read tool (C1), the model reads on through it (C2), the agent gets one
 //! well-formed answer, and the agent's next turn carries the hidden round spliced back (C3).
@@ -345,7 +345,8 @@ fn image_parts(request: &Value) -> Vec<Value> {
                 if matches!(
                     map.get("type").and_then(Value::as_str),
                     Some("image" | "input_image")
-                ) {
+                ) || map.contains_key("inlineData")
+                {
                     out.push(Value::Object(map));
                 } else {
                     stack.extend(map.into_iter().map(|(_, v)| v));
@@ -362,6 +363,7 @@ fn results(request: &Value) -> usize {
     let h = history(request);
     h.matches("\"type\":\"tool_result\"").count()
         + h.matches("\"type\":\"function_call_output\"").count()
+        + h.matches("\"functionResponse\"").count()
 }
 
 /// For each count of screenshot results 1, 2, …: the images the model was shown then.
@@ -776,4 +778,197 @@ fn codex_keeps_working_past_its_window_under_the_context_guard() {
         requests.len()
     );
     assert!(retired >= 2, "older results retired ({retired})");
+}
+
+/// sluice in front of `mock` with a Gemini route beside the others.
+fn gemini_config(mock: &MockUpstream) -> String {
+    format!(
+        "{}\n[[routes]]\nname = \"gemini\"\ndialects = [\"gemini-generate\"]\nmodels = [\"*\"]\nupstream = \"{}\"\n",
+        config_for(&mock.base_url(), ""),
+        mock.base_url()
+    )
+}
+
+/// Gemini CLI headless (`gemini -p`, JSON output, tools approved) with its HOME under `home`:
+/// the API key auth selected, the workspace trusted, telemetry and update checks off.
+fn gemini(home: &Path, work: &Path, sluice: &Sluice, args: &[&str]) -> (bool, String, String) {
+    let settings = home.join(".gemini");
+    std::fs::create_dir_all(&settings).unwrap();
+    std::fs::write(
+        settings.join("settings.json"),
+        r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},
+            "privacy":{"usageStatisticsEnabled":false},
+            "general":{"disableAutoUpdate":true,"disableUpdateNag":true},
+            "model":{"disableLoopDetection":true},
+            "telemetry":{"enabled":false}}"#,
+    )
+    .unwrap();
+    let mut command = Command::new(bin("gemini"));
+    quiet(&mut command, home);
+    command
+        .current_dir(work)
+        .env("GOOGLE_GEMINI_BASE_URL", sluice.url(""))
+        .env("GEMINI_API_KEY", "gemini-test-key")
+        .env("GEMINI_CLI_TRUST_WORKSPACE", "true")
+        .env("GEMINI_CLI_NO_RELAUNCH", "true")
+        .args(["--output-format", "json", "--yolo"])
+        .args(args);
+    run(command, Duration::from_secs(180))
+}
+
+/// The Gemini requests the mock saw (every model method; Gemini CLI streams).
+fn gemini_requests(mock: &MockUpstream) -> Vec<Value> {
+    mock.requests()
+        .iter()
+        .filter(|r| r.uri.starts_with("/v1beta/models/"))
+        .map(common::mock::Recorded::json)
+        .collect()
+}
+
+/// The turns Gemini CLI streamed (not its token counts).
+fn gemini_turns(mock: &MockUpstream) -> Vec<Value> {
+    mock.requests()
+        .iter()
+        .filter(|r| r.uri.contains(":streamGenerateContent"))
+        .map(common::mock::Recorded::json)
+        .collect()
+}
+
+/// The last tool a Gemini request declares.
+fn last_declared(request: &Value) -> Value {
+    request["tools"]
+        .as_array()
+        .and_then(|t| t.last())
+        .and_then(|t| t["functionDeclarations"].as_array())
+        .and_then(|f| f.last())
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn gemini_cli_reads_a_spilled_shell_result_through_sluice() {
+    for coding in [None, Some("gzip")] {
+        let mock = MockUpstream::start();
+        mock.compress(coding);
+        let sluice = Sluice::start(&gemini_config(&mock));
+        let home = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let case = format!("coding {coding:?}");
+        let model = ["-m", "gemini-2.5-pro"];
+        let (ok, out, err) = gemini(
+            home.path(),
+            work.path(),
+            &sluice,
+            &[&model[..], &["-p", PROMPT]].concat(),
+        );
+        println!("--- gemini ({case}) stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "{case}: gemini failed");
+        let answer: Value = serde_json::from_str(out.trim()).expect("gemini's JSON output");
+        assert_eq!(answer["response"], "Reading on. Read 1 pages.", "{case}");
+        assert!(!out.contains("sluice_read"), "{case}: the read call leaked");
+        let requests = gemini_requests(&mock);
+        assert!(
+            requests.iter().all(|r| r["tools"].is_array()),
+            "{case}: every request is a turn with tools (no router call reached the mock)"
+        );
+        let spilled = requests
+            .iter()
+            .find(|r| history(r).contains("[sluice: lines 1-1999 of "))
+            .unwrap_or_else(|| panic!("{case}: no spilled page reached the model"));
+        assert_eq!(last_declared(spilled)["name"], "sluice_read", "{case}");
+        assert!(
+            last_declared(spilled)["parametersJsonSchema"].is_object(),
+            "{case}"
+        );
+        assert!(
+            requests
+                .iter()
+                .any(|r| history(r).contains("sluice: lines 2000-")),
+            "{case}: the model read the next page"
+        );
+        let keys: Vec<_> = mock
+            .requests()
+            .iter()
+            .map(|r| r.headers.get("x-goog-api-key").cloned())
+            .collect();
+        assert!(keys
+            .iter()
+            .all(|k| k.as_ref().is_some_and(|k| k == "gemini-test-key")));
+        // The next turn (`--resume latest`) carries the hidden round spliced back (C3).
+        let before = mock.requests().len();
+        let (ok, out, err) = gemini(
+            home.path(),
+            work.path(),
+            &sluice,
+            &[
+                &model[..],
+                &["--resume", "latest", "-p", "And now? mock:read=1"],
+            ]
+            .concat(),
+        );
+        println!("--- gemini --resume ({case}) stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "{case}: gemini --resume failed");
+        let next: Vec<Value> = mock.requests()[before..]
+            .iter()
+            .filter(|r| r.uri.starts_with("/v1beta/models/"))
+            .map(common::mock::Recorded::json)
+            .filter(|m| history(m).contains("And now?"))
+            .collect();
+        spliced(&next, &case);
+        let m = futures_executor(sluice.metrics());
+        assert_eq!(
+            metric(&m, "sluice_commits_total{outcome=\"discarded\"}"),
+            0.0,
+            "{case}"
+        );
+    }
+}
+
+/// Gemini CLI with the MCP screenshot server and a Gemini 3 model: every request shows at least
+/// the newest three screenshots (`recent`, docs/cache.md), though Gemini CLI sends each beside
+/// its function response rather than in it.
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn gemini_cli_screenshots_follow_the_recent_pattern() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&gemini_config(&mock));
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join(".gemini")).unwrap();
+    let servers = serde_json::json!({"mcpServers": {"shots": {"command": mcp_python(),
+        "args": [SCREENSHOTS], "trust": true}}});
+    std::fs::write(
+        work.path().join(".gemini/settings.json"),
+        servers.to_string(),
+    )
+    .unwrap();
+    let (ok, out, err) = gemini(
+        home.path(),
+        work.path(),
+        &sluice,
+        &[
+            "-m",
+            "gemini-3-pro-preview",
+            "-p",
+            "Watch the page. mock:screenshots=8",
+        ],
+    );
+    println!("--- gemini stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "gemini failed");
+    assert!(out.contains("Took 8 screenshots."), "no answer");
+    let turns: Vec<Value> = gemini_turns(&mock)
+        .into_iter()
+        .filter(|r| r.to_string().contains("browser_take_screenshot"))
+        .collect();
+    let shown = pattern(&turns);
+    assert_eq!(shown.len(), 8, "{shown:?}");
+    assert!(keeps_recent(&shown), "images shown per turn: {shown:?}");
+    // Gemini CLI puts an MCP tool's images beside its function response; each counts as
+    // the tool's (its `*screenshot*` lifetime, `recent`), not as a user's (`once`).
+    let last = turns.last().unwrap().to_string();
+    assert!(
+        !last.contains("shown earlier and no longer attached"),
+        "{shown:?}"
+    );
 }

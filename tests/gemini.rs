@@ -168,9 +168,17 @@ async fn a_long_function_response_is_spilled_read_on_and_spliced_back_t3_c1_c2_c
             ));
 
         // C3: the next turn shows the model its rounds in place of what the client received.
+        // As Gemini CLI 0.61 sends a resumed session: the answer's text parts joined into one,
+        // its own call's signature dropped, the function response sent twice.
         let mut second = first.clone();
         let contents = second["contents"].as_array_mut().unwrap();
-        contents.push(json!({"role": "model", "parts": parts}));
+        contents[1]["parts"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("thoughtSignature");
+        let answered = contents[2]["parts"][0].clone();
+        contents[2]["parts"].as_array_mut().unwrap().push(answered);
+        contents.push(json!({"role": "model", "parts": [{"text": text_of(&parts)}]}));
         contents.push(json!({"role": "user", "parts": [{"text": "thanks, fix it"}]}));
         mock.script([Reply::Text("ok".into())]);
         for _ in 0..100 {
@@ -184,7 +192,8 @@ async fn a_long_function_response_is_spilled_read_on_and_spliced_back_t3_c1_c2_c
         let response = send(&sluice, path, &second).await;
         assert_eq!(response.status(), 200, "{case}");
         let spliced = mock.last().json();
-        assert_eq!(pages(&spliced), 3, "{case}: the pages read are back");
+        // The first page twice (the client sends its result twice), the two read back.
+        assert_eq!(pages(&spliced), 4, "{case}: the pages read are back");
         let roles: Vec<&str> = spliced["contents"]
             .as_array()
             .unwrap()
@@ -336,4 +345,53 @@ async fn images_in_a_function_response_are_kept_or_gated_a1_a7() {
         .as_str()
         .unwrap()
         .contains("no visual content"));
+}
+
+/// Gemini CLI sends an MCP tool's screenshot beside its `functionResponse`, in the same `user`
+/// content: it is the tool's image (the `*screenshot*` lifetime, `recent`), not a user's
+/// (`once`), so the next turn still shows it (M5, A3).
+#[tokio::test]
+async fn an_image_beside_a_function_response_is_the_tools_m5() {
+    let shot = |n: u32| b64(&picture(40 + n, 30, image::ImageFormat::Png));
+    let turn = |n: u32| {
+        [
+            json!({"role": "model", "parts": [{"functionCall": {"name": "browser_take_screenshot",
+                "args": {}, "id": format!("s{n}")}}]}),
+            json!({"role": "user", "parts": [
+                {"functionResponse": {"id": format!("s{n}"), "name": "browser_take_screenshot",
+                    "response": {"output": "[Tool 'browser_take_screenshot' provided the following image data]"}}},
+                {"inlineData": {"mimeType": "image/png", "data": shot(n)}}]}),
+        ]
+    };
+    let mut contents = vec![json!({"role": "user", "parts": [{"text": "watch the page"}]})];
+    contents.extend(turn(1));
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, ""));
+    mock.script([Reply::Text("one".into()), Reply::Text("two".into())]);
+    let response = send(&sluice, GENERATE, &json!({"contents": contents})).await;
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap();
+    for _ in 0..100 {
+        let m = sluice.metrics().await;
+        if metric(&m, "sluice_commits_total{outcome=\"committed\"}") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    contents.push(json!({"role": "model", "parts": [{"text": "one"}]}));
+    contents.push(json!({"role": "user", "parts": [{"text": "again"}]}));
+    contents.extend(turn(2));
+    let response = send(&sluice, GENERATE, &json!({"contents": contents})).await;
+    assert_eq!(response.status(), 200);
+    let got = String::from_utf8_lossy(&mock.last().body).into_owned();
+    assert!(
+        got.contains(&shot(1)),
+        "the first screenshot is still shown"
+    );
+    assert!(got.contains(&shot(2)));
+    assert!(
+        !got.contains("no longer attached"),
+        "{}",
+        &got[..got.len().min(2000)]
+    );
 }

@@ -135,6 +135,7 @@ impl Gathered {
                 item,
                 part: Raw::read_before(at(body, span)),
                 span,
+                beside: None,
             })
             .collect()
     }

@@ -105,7 +105,16 @@ fn source_of<'v>(view: &'v RequestView<'_>, place: Place) -> (String, Option<&'v
             (r.source.to_string(), r.tool_name.as_deref())
         }
         Place::User(ui) => {
-            let part = view.user_images[ui].part.get();
+            let image = &view.user_images[ui];
+            if let Some(r) = image.beside.and_then(|ri| view.tool_results.get(ri)) {
+                // One source per image: its tool call's, told apart from images in the result.
+                let part = xxhash_rust::xxh3::xxh3_64(image.part.get().as_bytes());
+                return (
+                    format!("{}:beside:{part:016x}", r.source),
+                    r.tool_name.as_deref(),
+                );
+            }
+            let part = image.part.get();
             (
                 format!("user:{:016x}", xxhash_rust::xxh3::xxh3_64(part.as_bytes())),
                 None,

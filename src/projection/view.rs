@@ -69,6 +69,10 @@ pub struct UserImage<'a> {
     /// The whole content part (`image_url`, `input_image` or `image` block).
     pub part: Raw<'a>,
     pub span: Span,
+    /// The tool result (index into `tool_results`) this image answers with, when the client
+    /// puts a tool's images beside its result rather than in it (Gemini CLI): the image then
+    /// has that result's source and tool, hence the tool's lifetime (M5).
+    pub beside: Option<usize>,
 }
 
 /// What projection may look at and edit in one request.

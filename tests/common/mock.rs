@@ -689,11 +689,8 @@ fn agent_shell(request: &Value, dialect: Dialect, body: &[u8]) -> Option<Reply> 
 /// A call of the agent's own shell tool (Claude Code's `Bash`, Codex's `exec_command`,
 /// `shell_command` or `shell`) running `command`; `None` when the request offers none.
 fn shell_call(request: &Value, command: &str, description: &str) -> Option<Reply> {
-    let names: Vec<&str> = request["tools"]
-        .as_array()?
-        .iter()
-        .filter_map(|t| t["name"].as_str().or(t["function"]["name"].as_str()))
-        .collect();
+    let names = tool_names(request);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let (name, arguments) = if names.contains(&"Bash") {
         (
             "Bash",
@@ -705,6 +702,11 @@ fn shell_call(request: &Value, command: &str, description: &str) -> Option<Reply
         ("shell_command", json!({"command": command}))
     } else if names.contains(&"shell") {
         ("shell", json!({"command": ["bash", "-lc", command]}))
+    } else if names.contains(&"run_shell_command") {
+        (
+            "run_shell_command",
+            json!({"command": command, "description": description}),
+        )
     } else {
         return None;
     };
@@ -712,6 +714,21 @@ fn shell_call(request: &Value, command: &str, description: &str) -> Option<Reply
         name: name.to_string(),
         arguments,
     })
+}
+
+/// The names of the tools a request offers, in any dialect's shape (Gemini's inside
+/// `functionDeclarations`).
+fn tool_names(request: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in request["tools"].as_array().into_iter().flatten() {
+        if let Some(name) = t["name"].as_str().or(t["function"]["name"].as_str()) {
+            out.push(name.to_string());
+        }
+        for f in t["functionDeclarations"].as_array().into_iter().flatten() {
+            out.extend(f["name"].as_str().map(str::to_string));
+        }
+    }
+    out
 }
 
 /// For real agents over many turns (context guard): a request whose text holds
@@ -804,17 +821,22 @@ fn agent_screenshots(request: &Value, dialect: Dialect, body: &[u8]) -> Option<R
         text.rfind("mock:screenshots=")? + "mock:screenshots=".len(),
     )?;
     let tools = request["tools"].as_array()?;
-    let name = tools.iter().find_map(|t| {
-        let name = t["name"].as_str().or(t["function"]["name"].as_str())?;
-        if name.ends_with("browser_take_screenshot") {
-            return Some(name.to_string());
-        }
-        let inner = t["tools"].as_array()?;
-        inner
-            .iter()
-            .filter_map(|i| i["name"].as_str())
-            .find(|i| i.ends_with("browser_take_screenshot"))
-            .map(|i| format!("{name}::{i}"))
+    let declared = tool_names(request)
+        .into_iter()
+        .find(|n| n.ends_with("browser_take_screenshot"));
+    let name = declared.or_else(|| {
+        tools.iter().find_map(|t| {
+            let name = t["name"].as_str().or(t["function"]["name"].as_str())?;
+            if name.ends_with("browser_take_screenshot") {
+                return Some(name.to_string());
+            }
+            let inner = t["tools"].as_array()?;
+            inner
+                .iter()
+                .filter_map(|i| i["name"].as_str())
+                .find(|i| i.ends_with("browser_take_screenshot"))
+                .map(|i| format!("{name}::{i}"))
+        })
     })?;
     if tool_results(request, dialect) >= n {
         return Some(Reply::Text(format!("Took {n} screenshots.")));

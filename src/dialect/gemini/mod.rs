@@ -143,6 +143,8 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
         if role == "user" && root.len() < 2 {
             root.extend(content.parts.first().map(|p| Cow::Borrowed(p.get())));
         }
+        // Gemini CLI puts a tool's images beside its function response, in the same content.
+        let mut beside = None;
         for part in &content.parts {
             let Ok(fields) = serde_json::from_str::<PartFields>(part.get()) else {
                 continue;
@@ -154,6 +156,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                 let Some(source) = id.or_else(|| name.clone()) else {
                     continue;
                 };
+                beside = Some(tool_results.len());
                 tool_results.push(ToolResult {
                     item,
                     source: source.0,
@@ -169,6 +172,7 @@ pub(super) fn read(body: &str) -> Result<RequestView<'_>, serde_json::Error> {
                         item,
                         part: Raw::from(*part),
                         span: span_of(body, part),
+                        beside,
                     });
                 }
             }

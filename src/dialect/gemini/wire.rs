@@ -150,23 +150,36 @@ impl Wire for Gemini {
         if let Some(role) = item["role"].as_str() {
             push_text(out, role);
         }
+        // The text parts as one text: a client may join a streamed answer's deltas into one
+        // part (Gemini CLI does) or keep them apart.
+        // Each call or response once: Gemini CLI 0.61 sends a resumed turn's function
+        // response twice.
+        let mut text = String::new();
+        let mut named: Vec<(&str, &str)> = Vec::new();
         for part in item["parts"].as_array().into_iter().flatten() {
             if part["thought"] == true {
                 continue;
             }
-            if let Some(text) = part["text"].as_str() {
-                push_text(out, text);
+            if let Some(t) = part["text"].as_str() {
+                text.push_str(t);
             }
             let answered = part
                 .get("functionResponse")
                 .or_else(|| part.get("function_response"));
-            for named in [call_of(part), answered].into_iter().flatten() {
-                for key in ["name", "id"] {
-                    if let Some(s) = named[key].as_str() {
-                        push_text(out, s);
-                    }
+            for call in [call_of(part), answered].into_iter().flatten() {
+                let pair = (
+                    call["name"].as_str().unwrap_or_default(),
+                    call["id"].as_str().unwrap_or_default(),
+                );
+                if !named.contains(&pair) {
+                    named.push(pair);
                 }
             }
+        }
+        push_text(out, &text);
+        for (name, id) in named {
+            push_text(out, name);
+            push_text(out, id);
         }
     }
 
