@@ -130,8 +130,13 @@ fn spilled_and_read<'a>(requests: &'a [Value], case: &str) -> &'a Value {
                 .collect();
             panic!("{case}: no spilled page reached the model: {notices:?}")
         });
-    let tools = spilled["tools"].as_array().unwrap();
-    assert_eq!(tools.last().unwrap()["name"], "sluice_read", "{case}");
+    let last = spilled["tools"].as_array().unwrap().last().unwrap().clone();
+    let name = last["name"]
+        .as_str()
+        .or(last["function"]["name"].as_str())
+        .map(str::to_string)
+        .or_else(|| last_declared(spilled)["name"].as_str().map(str::to_string));
+    assert_eq!(name.as_deref(), Some("sluice_read"), "{case}");
     assert!(
         requests
             .iter()
@@ -971,4 +976,216 @@ fn gemini_cli_screenshots_follow_the_recent_pattern() {
         !last.contains("shown earlier and no longer attached"),
         "{shown:?}"
     );
+}
+
+/// Qwen Code headless (`qwen -p`, OpenAI chat through sluice, tools approved) with its HOME
+/// under `home`.
+fn qwen(home: &Path, work: &Path, sluice: &Sluice, args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(bin("qwen"));
+    quiet(&mut command, home);
+    command
+        .current_dir(work)
+        .env("OPENAI_BASE_URL", sluice.url("/v1"))
+        .env("OPENAI_API_KEY", "sk-qwen-test")
+        .env("OPENAI_MODEL", "gpt-4.1")
+        .env("QWEN_CODE_NO_RELAUNCH", "true")
+        .args(["--auth-type", "openai", "--yolo", "--output-format", "json"])
+        .args(args);
+    run(command, Duration::from_secs(180))
+}
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn qwen_code_reads_a_spilled_shell_result_through_sluice() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (ok, out, err) = qwen(home.path(), work.path(), &sluice, &["-p", PROMPT]);
+    println!("--- qwen stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "qwen failed");
+    // chat's one content string sets the rounds' texts apart (docs/read-tool.md).
+    assert!(
+        out.contains(r#""result":"Reading on. \n\nRead 1 pages.""#),
+        "no answer"
+    );
+    assert!(!out.contains("sluice_read"), "the read call leaked");
+    spilled_and_read(&on(&mock, "/v1/chat/completions"), "qwen");
+    let before = mock.requests().len();
+    let (ok, out, err) = qwen(
+        home.path(),
+        work.path(),
+        &sluice,
+        &["--continue", "-p", "And now? mock:read=1"],
+    );
+    println!("--- qwen --continue stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "qwen --continue failed");
+    let next: Vec<Value> = mock.requests()[before..]
+        .iter()
+        .map(common::mock::Recorded::json)
+        .filter(|m| history(m).contains("And now?"))
+        .collect();
+    // Qwen Code rewrites its first message and system prompt when it continues a session
+    // (docs/clients.md), so sluice sees a new conversation: the earlier hidden round is not
+    // spliced back, and nothing else changes; the new turn reads on as the first did.
+    assert!(!next.is_empty(), "qwen: no second turn reached the model");
+    assert!(!out.contains("sluice_read"), "the read call leaked");
+    assert!(
+        out.contains("Read 1 pages."),
+        "no answer on the second turn"
+    );
+}
+
+/// OpenCode (`opencode run`) with its config under `home`: `provider` (`anthropic` or `openai`)
+/// pointed at sluice, every permission granted, sharing and updates off.
+fn opencode(
+    home: &Path,
+    work: &Path,
+    sluice: &Sluice,
+    provider: &str,
+    args: &[&str],
+) -> (bool, String, String) {
+    let (model, key) = match provider {
+        "anthropic" => ("anthropic/claude-sonnet-4-5", "sk-ant-test"),
+        _ => ("openai/gpt-5", "sk-test"),
+    };
+    let dir = home.join(".config/opencode");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "$schema": "https://opencode.ai/config.json",
+        "model": model,
+        "autoupdate": false,
+        "share": "disabled",
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "allow"},
+        "provider": {provider: {"options": {"baseURL": sluice.url("/v1"), "apiKey": key}}},
+        "mcp": {"shots": {"type": "local", "command": [mcp_python(), SCREENSHOTS], "enabled": true}}
+    });
+    std::fs::write(dir.join("opencode.json"), config.to_string()).unwrap();
+    let mut command = Command::new(bin("opencode"));
+    quiet(&mut command, home);
+    command
+        .current_dir(work)
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .env("OPENCODE_DISABLE_SHARE", "1")
+        .arg("run")
+        .args(args);
+    run(command, Duration::from_secs(180))
+}
+
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn opencode_reads_a_spilled_bash_result_through_sluice() {
+    for (provider, path) in [("anthropic", "/v1/messages"), ("openai", "/v1/responses")] {
+        let mock = MockUpstream::start();
+        let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+        let home = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let (ok, out, err) = opencode(home.path(), work.path(), &sluice, provider, &[PROMPT]);
+        println!("--- opencode {provider} stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "opencode {provider} failed");
+        assert!(out.contains("Read 1 pages."), "{provider}: no answer");
+        assert!(
+            !out.contains("sluice_read"),
+            "{provider}: the read call leaked"
+        );
+        // OpenCode names its session with a short titling request first (no tools).
+        let turns: Vec<Value> = on(&mock, path)
+            .into_iter()
+            .filter(|r| r["tools"].is_array())
+            .collect();
+        spilled_and_read(&turns, provider);
+        let before = mock.requests().len();
+        let (ok, out, err) = opencode(
+            home.path(),
+            work.path(),
+            &sluice,
+            provider,
+            &["--continue", "And now? mock:read=1"],
+        );
+        println!("--- opencode {provider} --continue stdout:\n{out}\n--- stderr:\n{err}");
+        assert!(ok, "opencode {provider} --continue failed");
+        let next: Vec<Value> = mock.requests()[before..]
+            .iter()
+            .map(common::mock::Recorded::json)
+            .filter(|m| m["tools"].is_array() && history(m).contains("And now?"))
+            .collect();
+        spliced(&next, provider);
+    }
+}
+
+/// OpenCode (Anthropic provider) with the MCP screenshot server: every turn shows at least the
+/// newest three screenshots (`recent`), each inside its tool result.
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn opencode_screenshots_follow_the_recent_pattern() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (ok, out, err) = opencode(
+        home.path(),
+        work.path(),
+        &sluice,
+        "anthropic",
+        &["Watch the page. mock:screenshots=8"],
+    );
+    println!("--- opencode stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "opencode failed");
+    assert!(out.contains("Took 8 screenshots."), "no answer");
+    let turns: Vec<Value> = on(&mock, "/v1/messages")
+        .into_iter()
+        .filter(|r| r["tools"].is_array() && r.to_string().contains("browser_take_screenshot"))
+        .collect();
+    let shown = pattern(&turns);
+    assert_eq!(shown.len(), 8, "{shown:?}");
+    assert!(keeps_recent(&shown), "images shown per turn: {shown:?}");
+}
+
+/// Qwen Code (OpenAI chat) with the MCP screenshot server: chat's tool messages take no image,
+/// so Qwen Code sends each screenshot in a user message right after its tool message; each
+/// counts as the tool's (`recent`), and every turn shows at least the newest three.
+#[test]
+#[ignore = "needs the agent CLIs: run tests/agents/run.sh"]
+fn qwen_code_screenshots_follow_the_recent_pattern() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), ""));
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join(".qwen")).unwrap();
+    // MCP tools in the request's tools, not behind Qwen Code's tool search.
+    let servers = serde_json::json!({"mcpServers": {"shots": {"command": mcp_python(),
+        "args": [SCREENSHOTS], "trust": true}}, "tools": {"toolSearch": {"enabled": false}}});
+    std::fs::write(home.path().join(".qwen/settings.json"), servers.to_string()).unwrap();
+    let (ok, out, err) = qwen(
+        home.path(),
+        work.path(),
+        &sluice,
+        &["-p", "Watch the page. mock:screenshots=8"],
+    );
+    println!("--- qwen stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(ok, "qwen failed");
+    assert!(out.contains("Took 8 screenshots."), "no answer");
+    let turns: Vec<Value> = on(&mock, "/v1/chat/completions")
+        .into_iter()
+        .filter(|r| r.to_string().contains("browser_take_screenshot"))
+        .collect();
+    let shown: Vec<usize> = {
+        let mut seen = std::collections::BTreeMap::new();
+        for r in &turns {
+            let k = r["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .count();
+            let images = r.to_string().matches(r#""type":"image_url""#).count();
+            if k > 0 {
+                seen.entry(k).or_insert(images);
+            }
+        }
+        seen.into_values().collect()
+    };
+    assert_eq!(shown.len(), 8, "{shown:?}");
+    assert!(keeps_recent(&shown), "images shown per turn: {shown:?}");
 }

@@ -525,3 +525,48 @@ async fn long_openai_conversations_read_from_their_last_turn_are_projected_as_re
         assert_eq!(resumed(&mb), 0.0);
     }
 }
+
+/// Qwen Code sends an MCP tool's screenshot in a user message right after the tool message
+/// (chat's tool messages take no image): the image is the tool's (the `*screenshot*` lifetime,
+/// `recent`), not a user's (`once`), so the next turn still shows it (M5, A3).
+#[tokio::test]
+async fn a_chat_image_right_after_its_tool_message_is_the_tools_m5() {
+    let shot = |n: u32| b64(&picture(40 + n, 30, ImageFormat::Png));
+    let turn = |n: u32| {
+        [
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("s{n}"),
+                "type": "function", "function": {"name": "mcp__shots__browser_take_screenshot",
+                "arguments": "{}"}}]}),
+            json!({"role": "tool", "tool_call_id": format!("s{n}"),
+                "content": "[Tool 'browser_take_screenshot' provided the following image data]"}),
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "(attached media from previous tool call)"},
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", shot(n))}}]}),
+        ]
+    };
+    let mut messages = vec![json!({"role": "user", "content": "watch the page"})];
+    messages.extend(turn(1));
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    let body = |messages: &Vec<Value>| json!({"model": "gpt-4.1", "messages": messages});
+    let response = post_as(&sluice, "/v1/chat/completions", "sk-a", &body(&messages)).await;
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap();
+    for _ in 0..100 {
+        let m = sluice.metrics().await;
+        if metric(&m, "sluice_commits_total{outcome=\"committed\"}") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    messages.extend(turn(2));
+    let response = post_as(&sluice, "/v1/chat/completions", "sk-a", &body(&messages)).await;
+    assert_eq!(response.status(), 200);
+    let got = String::from_utf8_lossy(&mock.last().body).into_owned();
+    assert!(
+        got.contains(&shot(1)),
+        "the first screenshot is still shown"
+    );
+    assert!(got.contains(&shot(2)));
+    assert!(!got.contains("no longer attached"));
+}

@@ -365,3 +365,58 @@ fn official_sdks_run_a_200_turn_session_under_the_context_guard() {
         );
     }
 }
+
+/// Google's `google-genai` SDK through sluice (#40): generate and stream, a function-calling
+/// loop, a long function response spilled and read on (C2, whole and streamed), a provider's
+/// refusal as the SDK's own error.
+#[test]
+#[ignore = "needs the SDK virtualenv: run tests/sdk/run.sh"]
+fn google_genai_sdk_works_through_sluice() {
+    let mock = MockUpstream::start();
+    let config = format!(
+        "{}\n[[routes]]\nname = \"gemini\"\ndialects = [\"gemini-generate\"]\nmodels = [\"*\"]\nupstream = \"{}\"\n",
+        config_for(&mock.base_url(), ""),
+        mock.base_url()
+    );
+    let sluice = Sluice::start(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("output.txt");
+    std::fs::write(&long, tool_output(150_000)).unwrap();
+    let python = std::env::var("SLUICE_SDK_PYTHON")
+        .expect("SLUICE_SDK_PYTHON names the virtualenv's python (tests/sdk/run.sh sets it)");
+    let out = std::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/sdk/gemini_check.py"
+        ))
+        .arg("--base")
+        .arg(sluice.url(""))
+        .arg("--long-output")
+        .arg(&long)
+        .output()
+        .expect("run the Gemini SDK script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "Gemini SDK checks failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all Gemini SDK checks passed"));
+    // google-genai 3 calls the API's `/v1/` paths (Gemini CLI calls `/v1beta/`).
+    let requests = mock.requests();
+    assert!(requests
+        .iter()
+        .all(|r| r.uri.starts_with("/v1/models/gemini-2.5-flash:")));
+    assert!(requests
+        .iter()
+        .all(|r| r.headers["x-goog-api-key"] == "gemini-sdk-key"));
+    // Two read rounds, one whole and one streamed, each answered by sluice.
+    let reads = requests
+        .iter()
+        .filter(|r| {
+            String::from_utf8_lossy(&r.body).contains("\"name\":\"sluice_read\",\"response\"")
+        })
+        .count();
+    assert_eq!(reads, 2);
+}

@@ -33,8 +33,9 @@ pub(super) struct Gathered {
     /// Each tool call: its id and its tool's name.
     calls: Vec<(Piece, Piece)>,
     results: Vec<Noted>,
-    /// User images: their item's number and span.
-    images: Vec<(usize, Span)>,
+    /// User images: their item's number, span, and the tool result they answer with
+    /// (`UserImage::beside`).
+    images: Vec<(usize, Span, Option<usize>)>,
 }
 
 impl Gathered {
@@ -100,9 +101,16 @@ impl Gathered {
         });
     }
 
-    /// A user image part of item number `item`.
-    pub fn image(&mut self, body: &str, item: usize, part: &RawValue) {
-        self.images.push((item, span_of(body, part)));
+    /// A user image part of item number `item`, beside tool result number `beside`.
+    pub fn image(&mut self, body: &str, item: usize, part: &RawValue, beside: Option<usize>) {
+        self.images.push((item, span_of(body, part), beside));
+    }
+
+    /// The last tool result, when it is in item number `item` (the one just before a message
+    /// whose images may answer with it).
+    pub fn result_in(&self, item: usize) -> Option<usize> {
+        let last = self.results.len().checked_sub(1)?;
+        (self.results[last].item == item).then_some(last)
     }
 
     /// The tool calls' names by id, as the reading had them (a later call of an id names it).
@@ -131,11 +139,11 @@ impl Gathered {
     pub fn user_images<'a>(&self, body: &'a str) -> Vec<UserImage<'a>> {
         self.images
             .iter()
-            .map(|&(item, span)| UserImage {
+            .map(|&(item, span, beside)| UserImage {
                 item,
                 part: Raw::read_before(at(body, span)),
                 span,
-                beside: None,
+                beside,
             })
             .collect()
     }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The real-agent suite (tests/agents.rs): Claude Code, Codex CLI, Gemini CLI and the official Node SDKs,
+# The real-agent suite (tests/agents.rs): Claude Code, Codex CLI, Gemini CLI, OpenCode, Qwen Code
+# and the official Node SDKs,
 # pinned in tests/agents/package-lock.json and installed from the npm registry, plus the MCP
 # Python SDK for the screenshot server (into the repo's .venv); then runs the ignored tests that
 # drive them through sluice against the mock model. Nothing else is fetched.
@@ -8,7 +9,7 @@ cd "$(dirname "$0")"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 fi
-if [ ! -x node_modules/.bin/claude ] || [ ! -x node_modules/.bin/codex ] || [ ! -x node_modules/.bin/gemini ] || [ ! -d node_modules/openai ]; then
+if [ ! -x node_modules/.bin/claude ] || [ ! -x node_modules/.bin/codex ] || [ ! -x node_modules/.bin/gemini ] || [ ! -x node_modules/.bin/opencode ] || [ ! -x node_modules/.bin/qwen ] || [ ! -d node_modules/openai ]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi
 cd ../..

@@ -29,8 +29,9 @@ def png(n: int) -> bytes:
 
 
 @server.tool()
-def browser_take_screenshot() -> Image:
-    """Take a screenshot of the current page."""
+def browser_take_screenshot(step: int = 0) -> Image:
+    """Take a screenshot of the current page. `step` numbers the call (agents that stop a run
+    on identical consecutive calls, Qwen Code's loop guard, see each call as new)."""
     global calls
     calls += 1
     return Image(data=png(calls), format="png")

@@ -702,6 +702,11 @@ fn shell_call(request: &Value, command: &str, description: &str) -> Option<Reply
         ("shell_command", json!({"command": command}))
     } else if names.contains(&"shell") {
         ("shell", json!({"command": ["bash", "-lc", command]}))
+    } else if names.contains(&"bash") {
+        (
+            "bash",
+            json!({"command": command, "description": description}),
+        )
     } else if names.contains(&"run_shell_command") {
         (
             "run_shell_command",
@@ -838,12 +843,13 @@ fn agent_screenshots(request: &Value, dialect: Dialect, body: &[u8]) -> Option<R
                 .map(|i| format!("{name}::{i}"))
         })
     })?;
-    if tool_results(request, dialect) >= n {
+    let taken = tool_results(request, dialect);
+    if taken >= n {
         return Some(Reply::Text(format!("Took {n} screenshots.")));
     }
     Some(Reply::ToolCall {
         name,
-        arguments: json!({}),
+        arguments: json!({"step": taken + 1}),
     })
 }
 
@@ -1350,7 +1356,12 @@ fn gemini_parts(content: &Content) -> Vec<Value> {
                 let id = format!("call_mock_{}_{}", content.1, call + 1);
                 let mut p = json!({"functionCall": {"name": name, "args": args, "id": id}});
                 if !std::mem::replace(&mut signed, true) {
-                    p["thoughtSignature"] = json!(format!("sig_{}", content.1));
+                    // Opaque base64 bytes, as the API sends (SDKs decode them).
+                    let signature = format!("signature {}", content.1);
+                    p["thoughtSignature"] = json!(base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        signature
+                    ));
                 }
                 parts.push(p);
             }
@@ -1388,7 +1399,7 @@ fn gemini_events(model: &str, content: &Content) -> Vec<Bytes> {
 
 /// The Gemini API's rules a request must keep (WIRE.md): `contents` alternate `user` and
 /// `model`, starting with `user`; every `functionCall` of a model turn is answered by a
-/// `functionResponse` of the same name (and id, when the call has one) in the next user turn;
+/// `functionResponse` of the same name (and id, when both have one) in the next user turn;
 /// `inlineData` media types match their bytes; a function's `parameters` take no
 /// `additionalProperties` (only `parametersJsonSchema` does); `toolConfig`'s mode is one the
 /// API knows.
@@ -1433,7 +1444,10 @@ fn gemini_rules(request: &Value) -> Option<String> {
                 .collect();
             for call in calls {
                 let found = answered.iter().any(|r| {
-                    r["name"] == call["name"] && (call.get("id").is_none() || r["id"] == call["id"])
+                    r["name"] == call["name"]
+                        && (call.get("id").is_none()
+                            || r.get("id").is_none()
+                            || r["id"] == call["id"])
                 });
                 if !found {
                     return Some(format!(

@@ -164,7 +164,7 @@ impl<'a> Reading<'a> {
                         .text(body)
                         .and_then(|t| serde_json::from_str::<&RawValue>(t).ok());
                     if let Some(part) = part {
-                        self.found.gathered.image(body, item, part);
+                        self.found.gathered.image(body, item, part, None);
                     }
                 }
                 _ => {}

@@ -163,12 +163,18 @@ impl<'a> Reading<'a> {
                 }
             }
             Some("user") => {
+                // A user message right after the tool messages (where sluice itself puts a
+                // turn's images, A7, and Qwen Code a tool's): its images answer with the last
+                // tool result.
+                let beside = item
+                    .checked_sub(1)
+                    .and_then(|before| self.found.gathered.result_in(before));
                 for part in message.content.and_then(elements).into_iter().flatten() {
                     let Ok(p) = serde_json::from_str::<Part>(part.get()) else {
                         continue;
                     };
                     if p.kind.as_deref() == Some("image_url") {
-                        self.found.gathered.image(body, item, part);
+                        self.found.gathered.image(body, item, part, beside);
                     }
                 }
             }

@@ -173,7 +173,7 @@ impl<'a> Reading<'a> {
                         continue;
                     };
                     if p.kind.as_deref() == Some("input_image") {
-                        self.found.gathered.image(body, index, part);
+                        self.found.gathered.image(body, index, part, None);
                     }
                 }
             }
