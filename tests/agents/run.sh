@@ -10,7 +10,10 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 fi
 if [ ! -x node_modules/.bin/claude ] || [ ! -x node_modules/.bin/codex ] || [ ! -x node_modules/.bin/gemini ] || [ ! -x node_modules/.bin/opencode ] || [ ! -x node_modules/.bin/qwen ] || [ ! -d node_modules/openai ]; then
-  npm ci --no-audit --no-fund --loglevel=error
+  # `npm install` from the lock, not `npm ci`: Qwen Code's clipboard package names optional
+  # builds for other platforms that were never published, which `npm ci` refuses; the lock
+  # still pins every version installed (and is left unchanged).
+  npm install --no-audit --no-fund --loglevel=error
 fi
 cd ../..
 if [ ! -x .venv/bin/python ]; then
