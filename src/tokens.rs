@@ -21,7 +21,8 @@ pub enum Tokenizer {
     Gemini,
 }
 
-/// Gemini tokens per o200k token, in tenths: an estimate that errs high (docs/gemini.md).
+/// Gemini tokens per o200k token, in tenths: a margin over o200k, not yet measured against the
+/// API's `countTokens` (docs/gemini.md).
 pub const GEMINI_PER_O200K_TENTHS: u64 = 11;
 
 /// Claude tokens per o200k token, in tenths: Claude's tokenizers split text into more pieces
