@@ -2,8 +2,9 @@
 //! enforces the API's rules: alternating roles, every `functionCall` answered, media types
 //! that match their bytes, no `additionalProperties` in `parameters`): the model in the path,
 //! the key moved out of the URL, a long `functionResponse` spilled (T3) and read on through the
-//! read tool (C1, C2), whole and streamed, the hidden rounds spliced back (C3), images in a
-//! `functionResponse` (A3), errors in Gemini's shape (P4), and the inspector's usage.
+//! read tool (C1, C2), whole and streamed, the hidden rounds spliced back (C3), images in and
+//! beside a `functionResponse` (A1, A7, M5), errors in Gemini's shape (P4), the inspector's
+//! record and usage, and the context guard.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
@@ -394,4 +395,148 @@ async fn an_image_beside_a_function_response_is_the_tools_m5() {
         "{}",
         &got[..got.len().min(2000)]
     );
+}
+
+/// The inspector records a Gemini session (docs/inspector.md): every streamed turn, the spilled
+/// result's fate, the provider's usage read from `usageMetadata` (its cached tokens from
+/// `cachedContentTokenCount`), and a cacheable prefix the provider's count confirms.
+#[tokio::test]
+async fn the_inspector_records_a_gemini_session() {
+    let mock = MockUpstream::start();
+    let config = format!(
+        "{}\n[[routes]]\nname = \"gemini\"\ndialects = [\"gemini-generate\"]\nmodels = [\"*\"]\nupstream = \"{}\"\n",
+        config_for(&mock.base_url(), "[inspector]\nenabled = true\n"),
+        mock.base_url()
+    );
+    let sluice = Sluice::start(&config);
+    let mut contents = vec![json!({"role": "user", "parts": [{"text": "build it"}]})];
+    const TURNS: usize = 5;
+    for k in 0..TURNS {
+        let output = if k == 1 {
+            tool_output(150_000)
+        } else {
+            format!("step {k} ok\n")
+        };
+        contents.push(
+            json!({"role": "model", "parts": [{"functionCall": {"name": "sh",
+            "args": {"k": k}, "id": format!("c{k}")}}]}),
+        );
+        contents.push(
+            json!({"role": "user", "parts": [{"functionResponse": {"name": "sh",
+            "id": format!("c{k}"), "response": {"output": output}}}]}),
+        );
+        mock.script([Reply::Text(format!("done {k}"))]);
+        let system = "You are a careful coding agent; read before you write. ".repeat(200);
+        let body =
+            json!({"systemInstruction": {"parts": [{"text": system}]}, "contents": contents});
+        let response = send(&sluice, STREAM, &body).await;
+        assert_eq!(response.status(), 200);
+        let (parts, _) = received(response, true).await;
+        assert_eq!(text_of(&parts), format!("done {k}"));
+        contents.push(json!({"role": "model", "parts": [{"text": format!("done {k}")}]}));
+        contents.push(json!({"role": "user", "parts": [{"text": format!("go on {k}")}]}));
+    }
+    let mut record = Value::Null;
+    for _ in 0..200 {
+        let id = newest_session(&sluice, KEY).await;
+        let got: Value = get_as(&sluice, &format!("/v1/sluice/sessions/{id}"), KEY)
+            .await
+            .json()
+            .await
+            .unwrap();
+        if got["turns"].as_array().is_some_and(|t| t.len() == TURNS) {
+            record = got;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let turns = record["turns"].as_array().expect("every turn recorded");
+    for (k, turn) in turns.iter().enumerate() {
+        let at = format!("turn {k}: {turn}");
+        assert_eq!(turn["route"], "gemini", "{at}");
+        assert_eq!(turn["dialect"], "gemini-generate", "{at}");
+        assert_eq!(turn["stream"], true, "{at}");
+        assert_eq!(turn["complete"], true, "{at}");
+        assert!(turn["usage"]["input"].as_u64().unwrap() > 0, "{at}");
+        if k >= 1 {
+            assert_eq!(turn["results"][1]["fate"], "spilled", "{at}");
+        }
+        if k >= 2 {
+            // The provider's implicit cache served the turn before's prefix, as the inspector's
+            // exact model bills it (within the estimate's error). Turn 1 added the read tool,
+            // which is first in cache order: nothing was read then, on either count.
+            let cached = turn["usage"]["cached"].as_u64().unwrap() as f64;
+            let read = turn["bill"]["forwarded"]["read"].as_u64().unwrap() as f64;
+            assert!(cached > 1000.0, "{at}");
+            assert!(
+                (cached / read - 1.0).abs() < 0.15,
+                "{cached} vs {read}: {at}"
+            );
+        }
+    }
+}
+
+/// The context guard on a Gemini route (docs/context-guard.md): a session whose history grows
+/// past the model's window keeps working, each request under it (the mock refuses one over it
+/// with Gemini's own error), the oldest results retired to artifacts; without the guard the
+/// same session fails.
+#[tokio::test]
+async fn the_context_guard_keeps_a_gemini_session_under_its_window() {
+    const WINDOW: u64 = 40_000;
+    for guarded in [true, false] {
+        let mock = MockUpstream::start();
+        mock.context_window(Some(WINDOW));
+        let route = if guarded {
+            format!("[routes.context]\nwindow_tokens = {WINDOW}\noutput_tokens = 1000\n")
+        } else {
+            String::new()
+        };
+        let sluice = Sluice::start(&config(&mock, &route));
+        let mut contents = vec![json!({"role": "user", "parts": [{"text": "fix it"}]})];
+        let mut statuses = Vec::new();
+        for k in 0..12 {
+            contents.push(
+                json!({"role": "model", "parts": [{"functionCall": {"name": "sh",
+                "args": {"k": k}, "id": format!("c{k}")}}]}),
+            );
+            // Within the page budget (1,000 lines, about 25,000 units): never spilled.
+            let output: String = (0..1000)
+                .map(|i| format!("test case_{k}_{i} ... ok ({} ms)\n", (i * 7 + k) % 97))
+                .collect();
+            contents.push(
+                json!({"role": "user", "parts": [{"functionResponse": {"name": "sh",
+                "id": format!("c{k}"), "response": {"output": output}}}]}),
+            );
+            mock.script([Reply::Text(format!("done {k}"))]);
+            let body = json!({"contents": contents, "generationConfig": {"maxOutputTokens": 1000}});
+            let response = send(&sluice, GENERATE, &body).await;
+            statuses.push(response.status().as_u16());
+            let text = response.text().await.unwrap();
+            if statuses.last() == Some(&200) {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(
+                    v["candidates"][0]["content"]["parts"][0]["text"],
+                    format!("done {k}")
+                );
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(v["error"]["status"], "INVALID_ARGUMENT", "{text}");
+            }
+            contents.push(json!({"role": "model", "parts": [{"text": format!("done {k}")}]}));
+            contents.push(json!({"role": "user", "parts": [{"text": format!("go on {k}")}]}));
+        }
+        if guarded {
+            assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+            let last = mock.last();
+            assert!(
+                String::from_utf8_lossy(&last.body).contains("tool output retired"),
+                "the oldest results are retired"
+            );
+        } else {
+            assert!(
+                statuses.contains(&400),
+                "without the guard the window is passed: {statuses:?}"
+            );
+        }
+    }
 }
