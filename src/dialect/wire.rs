@@ -311,12 +311,16 @@ impl<'a> Layout<'a> {
 
     /// Adds `definition` as the last tool (C1).
     pub fn add_tool(&self, definition: &str) -> Edit {
-        match &self.tools {
-            Some((span, tools)) if tools.is_empty() => Edit {
-                span: *span,
-                with: format!("[{definition}]").into(),
-            },
-            Some((span, _)) => insert(span.end - 1, format!(",{definition}")),
+        let listed = self.tools.as_ref().and_then(|(span, _)| {
+            into_list(
+                *span,
+                super::resume::at(self.body, *span),
+                definition,
+                false,
+            )
+        });
+        match listed {
+            Some(edit) => edit,
             // First in the object: a client that sends no tools gets the same bytes before
             // its history on every turn (its requests stay byte-prefixes of each other).
             None => {
@@ -352,19 +356,7 @@ impl<'a> Layout<'a> {
             });
         }
         let raw = self.history?;
-        if !raw.get().starts_with('[') {
-            return None;
-        }
-        let span = span_of(self.body, raw);
-        let empty = raw.get()[1..].trim_start().starts_with(']');
-        Some(if empty {
-            Edit {
-                span,
-                with: format!("[{items}]").into(),
-            }
-        } else {
-            insert(span.end - 1, format!(",{items}"))
-        })
+        into_list(span_of(self.body, raw), raw.get(), items, false)
     }
 
     /// The dialect's shapes.
@@ -388,6 +380,35 @@ fn object_end(body: &str) -> Option<(usize, bool)> {
         .trim()
         .is_empty();
     Some((end, has_members))
+}
+
+/// The edit that puts `items` (JSON values joined by commas) into the list `raw`, which stands
+/// at `span`: first or last. `None` when `raw` is not a list.
+pub(crate) fn into_list(span: Span, raw: &str, items: &str, first: bool) -> Option<Edit> {
+    let inner = raw.strip_prefix('[')?;
+    Some(if inner.trim_start().starts_with(']') {
+        Edit {
+            span,
+            with: format!("[{items}]").into(),
+        }
+    } else if first {
+        insert(span.start + 1, format!("{items},"))
+    } else {
+        insert(span.end - 1, format!(",{items}"))
+    })
+}
+
+/// The names of a tool definition that names itself at its top (`{"name": …}`).
+pub(crate) fn top_name(tool: &RawValue) -> Vec<String> {
+    #[derive(Deserialize)]
+    struct Named {
+        name: Option<String>,
+    }
+    serde_json::from_str::<Named>(tool.get())
+        .ok()
+        .and_then(|t| t.name)
+        .into_iter()
+        .collect()
 }
 
 pub(crate) fn insert(at: usize, with: String) -> Edit {

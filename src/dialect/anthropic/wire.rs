@@ -10,9 +10,11 @@ use serde_json::{json, Value};
 
 use crate::dialect::span_of;
 use crate::dialect::stitch::{emit, Closing, Events, Stream};
-use crate::dialect::wire::{event_text, push_text, Answer, Call, Kind, Output, Wire};
+use crate::dialect::wire::{
+    event_text, into_list, push_text, top_name, Answer, Call, Kind, Output, Wire,
+};
 use crate::json;
-use crate::projection::{Edit, Span};
+use crate::projection::Edit;
 
 /// Anthropic Messages.
 #[derive(Debug)]
@@ -57,15 +59,7 @@ impl Wire for Messages {
     }
 
     fn tool_names(&self, tool: &RawValue) -> Vec<String> {
-        #[derive(Deserialize)]
-        struct Named {
-            name: Option<String>,
-        }
-        serde_json::from_str::<Named>(tool.get())
-            .ok()
-            .and_then(|t| t.name)
-            .into_iter()
-            .collect()
+        top_name(tool)
     }
 
     fn history_key(&self) -> &'static str {
@@ -155,25 +149,13 @@ impl Wire for Messages {
         let content = serde_json::from_str::<Content>(next.get()).ok()?.content?;
         let span = span_of(body, content);
         let raw = content.get();
-        Some(if raw.starts_with('"') {
-            Edit {
+        if raw.starts_with('"') {
+            return Some(Edit {
                 span,
                 with: format!(r#"[{prefix},{{"type":"text","text":{raw}}}]"#).into(),
-            }
-        } else if raw.trim_start_matches('[').trim_start().starts_with(']') {
-            Edit {
-                span,
-                with: format!("[{prefix}]").into(),
-            }
-        } else {
-            Edit {
-                span: Span {
-                    start: span.start + 1,
-                    end: span.start + 1,
-                },
-                with: format!("{prefix},").into(),
-            }
-        })
+            });
+        }
+        into_list(span, raw, prefix, true)
     }
 
     fn events(&self) -> Box<dyn Events> {

@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 
 use crate::dialect::span_of;
 use crate::dialect::stitch::{emit, Closing, Events, Stream};
-use crate::dialect::wire::{event_text, push_text, Answer, Call, Output, Wire};
+use crate::dialect::wire::{event_text, into_list, push_text, Answer, Call, Output, Wire};
 use crate::json;
-use crate::projection::{Edit, Span};
+use crate::projection::Edit;
 
 use super::Gemini;
 
@@ -199,25 +199,7 @@ impl Wire for Gemini {
             parts: Option<&'a RawValue>,
         }
         let parts = serde_json::from_str::<Parts>(next.get()).ok()?.parts?;
-        let span = span_of(body, parts);
-        let raw = parts.get();
-        if !raw.starts_with('[') {
-            return None;
-        }
-        Some(if raw[1..].trim_start().starts_with(']') {
-            Edit {
-                span,
-                with: format!("[{prefix}]").into(),
-            }
-        } else {
-            Edit {
-                span: Span {
-                    start: span.start + 1,
-                    end: span.start + 1,
-                },
-                with: format!("{prefix},").into(),
-            }
-        })
+        into_list(span_of(body, parts), parts.get(), prefix, true)
     }
 
     fn events(&self) -> Box<dyn Events> {

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::dialect::stitch::{emit, Closing, Events, Stream};
-use crate::dialect::wire::{arguments, event_text, push_text, Answer, Call, Kind, Output, Wire};
+use crate::dialect::wire::{
+    arguments, event_text, push_text, top_name, Answer, Call, Kind, Output, Wire,
+};
 use crate::json;
 
 /// OpenAI Responses.
@@ -39,15 +40,7 @@ impl Wire for Responses {
     }
 
     fn tool_names(&self, tool: &RawValue) -> Vec<String> {
-        #[derive(Deserialize)]
-        struct Named {
-            name: Option<String>,
-        }
-        serde_json::from_str::<Named>(tool.get())
-            .ok()
-            .and_then(|t| t.name)
-            .into_iter()
-            .collect()
+        top_name(tool)
     }
 
     fn history_key(&self) -> &'static str {
