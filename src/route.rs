@@ -170,7 +170,8 @@ impl RouteTable {
             let c = &r.config.context;
             c.enabled()
                 && r.config.dialects.contains(&dialect)
-                && most as f64 >= c.window_tokens.saturating_sub(c.output_tokens) as f64 * c.trigger
+                && most as f64
+                    >= c.window_tokens.saturating_sub(c.output_tokens()) as f64 * c.trigger
         })
     }
 

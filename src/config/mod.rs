@@ -83,9 +83,6 @@ pub const DEFAULT_CONTEXT_TARGET: f64 = 0.6;
 pub const DEFAULT_MAX_REQUESTS_PER_CONNECTION: u32 = 1000;
 /// The model is usually working on the results of its last two turns.
 pub const DEFAULT_KEEP_RECENT_TURNS: usize = 2;
-/// What a request without `max_tokens` is assumed to ask for: the common default output
-/// budget of today's agents (Claude Code and Codex ask for 32k at most).
-pub const DEFAULT_OUTPUT_TOKENS: u64 = 32_000;
 /// Read rounds per request (C2): enough for a few pages, bounded so a model that keeps reading
 /// still answers.
 pub const DEFAULT_MAX_READ_STEPS: usize = 4;
@@ -248,7 +245,7 @@ impl Default for ContextConfig {
             trigger: DEFAULT_CONTEXT_TRIGGER,
             target: DEFAULT_CONTEXT_TARGET,
             keep_recent_turns: DEFAULT_KEEP_RECENT_TURNS,
-            output_tokens: DEFAULT_OUTPUT_TOKENS,
+            output_tokens: None,
             tokenizer: None,
         }
     }

@@ -156,19 +156,31 @@ impl RouteConfig {
         if !(c.trigger > 0.0 && c.trigger <= 1.0) {
             return Err(ConfigError::at(
                 format!("{at}.context.trigger"),
-                "must be above 0 and at most 1 (a share of the window)",
+                format!(
+                    "is {}; set it above 0 and at most 1 (a share of the window, e.g. 0.9)",
+                    c.trigger
+                ),
             ));
         }
         if !(c.target > 0.0 && c.target < c.trigger) {
             return Err(ConfigError::at(
                 format!("{at}.context.target"),
-                "must be above 0 and below trigger (retire down to less than what triggers)",
+                format!(
+                    "is {}; set it above 0 and below trigger ({}): the guard retires down to less than what sets it off",
+                    c.target, c.trigger
+                ),
             ));
         }
-        if c.enabled() && c.output_tokens >= c.window_tokens {
+        if c.enabled() && c.output_tokens() >= c.window_tokens {
             return Err(ConfigError::at(
                 format!("{at}.context.output_tokens"),
-                "must be below window_tokens (the output shares the window)",
+                format!(
+                    "is {}, not below window_tokens ({}), and the output shares the window: set it below {}, or leave it out to follow the window (a quarter of it, up to {})",
+                    c.output_tokens(),
+                    c.window_tokens,
+                    c.window_tokens,
+                    crate::projection::policy::DEFAULT_OUTPUT_TOKENS
+                ),
             ));
         }
         for glob in self.tool_lifetimes.keys() {

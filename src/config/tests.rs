@@ -185,3 +185,35 @@ fn audio_keys_load_and_are_checked() {
     assert_eq!(err.key, "routes.0.audio.max_clips", "{err}");
     assert!(!load("", &[]).unwrap().routes[0].policy("r").accepts_audio);
 }
+
+/// `[routes.context]` (issue #41): a window alone is a working guard, its assumed output
+/// following the window; a value that cannot work names itself and what to change.
+#[test]
+fn a_context_window_alone_works_and_a_bad_value_says_what_to_change() {
+    let route = |context: &str| {
+        format!("[[routes]]\nname='a'\ndialects=['openai-chat']\nupstream='http://x'\n[routes.context]\n{context}")
+    };
+    let small = load(&route("window_tokens = 20000\n"), &[]).unwrap();
+    let context = &small.routes[0].context;
+    assert_eq!(
+        context.output_tokens(),
+        5_000,
+        "a quarter of a small window"
+    );
+    let large = load(&route("window_tokens = 400000\n"), &[]).unwrap();
+    assert_eq!(large.routes[0].context.output_tokens(), 32_000, "capped");
+    let set = load(&route("window_tokens = 20000\noutput_tokens = 8000\n"), &[]).unwrap();
+    assert_eq!(set.routes[0].context.output_tokens(), 8_000, "as set");
+
+    let err = load(
+        &route("window_tokens = 20000\noutput_tokens = 32000\n"),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.key, "routes.0.context.output_tokens");
+    assert!(err.message.contains("below 20000"), "{err}");
+    assert!(err.message.contains("leave it out"), "{err}");
+    let err = load(&route("window_tokens = 20000\ntarget = 0.95\n"), &[]).unwrap_err();
+    assert_eq!(err.key, "routes.0.context.target");
+    assert!(err.message.contains("below trigger (0.9)"), "{err}");
+}

@@ -66,6 +66,10 @@ pub struct AudioLimits {
     pub default_lifetime: Lifetime,
 }
 
+/// What a request without `max_tokens` is assumed to ask for, at most: the common default output
+/// budget of today's agents (Claude Code and Codex ask for 32k at most).
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 32_000;
+
 /// The context-window guard (`[routes.context]`, docs/context-guard.md): when a request's
 /// estimated input passes `trigger` of the room its window leaves after the requested output,
 /// the oldest tool results are retired, in one batch, down to `target` of that room.
@@ -79,8 +83,9 @@ pub struct ContextLimits {
     /// Tool results of the last this many assistant turns are never retired.
     pub keep_recent_turns: usize,
     /// The output a request is assumed to ask for when it names no `max_tokens` (or its
-    /// dialect's name for it).
-    pub output_tokens: u64,
+    /// dialect's name for it); by default [`ContextLimits::output_tokens`]'s rule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
     /// How input is counted; by default the dialect's: Claude for Anthropic, o200k for OpenAI.
     pub tokenizer: Option<crate::tokens::Tokenizer>,
 }
@@ -88,6 +93,14 @@ pub struct ContextLimits {
 impl ContextLimits {
     pub fn enabled(&self) -> bool {
         self.window_tokens > 0
+    }
+
+    /// The output assumed for a request that names none: `output_tokens` when set, else a
+    /// quarter of the window up to [`DEFAULT_OUTPUT_TOKENS`] (docs/context-guard.md), so a
+    /// small window alone is a working guard.
+    pub fn output_tokens(&self) -> u64 {
+        self.output_tokens
+            .unwrap_or_else(|| DEFAULT_OUTPUT_TOKENS.min(self.window_tokens / 4))
     }
 }
 

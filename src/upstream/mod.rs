@@ -127,7 +127,8 @@ impl Upstream {
             Ok(Err(e)) => return Err(classify(&*e)),
             Ok(Ok(response)) => response,
         };
-        let (head, mut body) = response.into_parts();
+        let (mut head, mut body) = response.into_parts();
+        let turns = head.extensions.remove::<relay::Turns>();
         let next = std::future::poll_fn(|cx| relay::poll_chunk(&mut body, cx));
         let first = match tokio::time::timeout_at(deadline, next).await {
             Err(_) => return Err(GatewayError::UpstreamTimeout("the first-byte timeout")),
@@ -153,6 +154,7 @@ impl Upstream {
             idle: self.idle,
             decoder,
             undecodable,
+            turns,
         })
     }
 

@@ -22,6 +22,7 @@ use hyper_util::client::legacy::connect::Connection as _;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service as _;
 
+use super::relay::Turns;
 use super::{BoxError, Connector, Outgoing};
 
 /// Where a connection goes: requests to the same scheme and authority share connections.
@@ -47,8 +48,15 @@ impl Origin {
 /// An HTTP/1.1 connection, free for a request.
 struct Free {
     origin: Origin,
-    sender: http1::SendRequest<Outgoing>,
+    sender: H1,
     since: Instant,
+}
+
+/// An HTTP/1.1 connection's sending half, and the count of its task's turns, which its
+/// responses carry (in their extensions) for the relay.
+struct H1 {
+    sender: http1::SendRequest<Outgoing>,
+    turns: Turns,
 }
 
 struct Kept {
@@ -84,7 +92,7 @@ pub(super) struct Pool {
 
 /// A connection taken for one request.
 enum Taken {
-    H1(http1::SendRequest<Outgoing>),
+    H1(H1),
     H2(http2::SendRequest<Outgoing>),
 }
 
@@ -121,11 +129,12 @@ impl Pool {
                 ),
             };
             let mut failed = match taken {
-                Taken::H1(mut sender) => {
+                Taken::H1(mut h1) => {
                     for_http1(&mut request, &origin);
-                    match sender.try_send_request(request).await {
-                        Ok(response) => {
-                            let back = (origin.clone(), sender, self.kept.clone());
+                    match h1.sender.try_send_request(request).await {
+                        Ok(mut response) => {
+                            response.extensions_mut().insert(h1.turns.clone());
+                            let back = (origin.clone(), h1, self.kept.clone());
                             return Ok(response.map(|body| returning(body, back)));
                         }
                         Err(e) => e,
@@ -167,7 +176,7 @@ impl Pool {
         kept.expire(Instant::now());
         while let Some(at) = kept.free.iter().rposition(|f| f.origin == *origin) {
             let free = kept.free.remove(at)?;
-            if free.sender.is_ready() {
+            if free.sender.sender.is_ready() {
                 return Some(Taken::H1(free.sender));
             }
         }
@@ -187,16 +196,17 @@ impl Pool {
                 .adaptive_window(true)
                 .handshake(io)
                 .await?;
-            drive(connection);
+            drive(connection, None);
             lock(&self.kept)
                 .shared
                 .push((origin.clone(), sender.clone()));
             return Ok(Taken::H2(sender));
         }
         let (mut sender, connection) = http1::Builder::new().handshake(io).await?;
-        drive(connection);
+        let turns = Turns::default();
+        drive(connection, Some(turns.clone()));
         sender.ready().await?;
-        Ok(Taken::H1(sender))
+        Ok(Taken::H1(H1 { sender, turns }))
     }
 }
 
@@ -218,7 +228,7 @@ fn for_http1(request: &mut http::Request<Outgoing>, origin: &Origin) {
 }
 
 /// A connection to hand back, and where.
-type Back = (Origin, http1::SendRequest<Outgoing>, Arc<Mutex<Kept>>);
+type Back = (Origin, H1, Arc<Mutex<Kept>>);
 
 /// The response body, handing its connection back when it has been read to its end.
 fn returning(body: hyper::body::Incoming, back: Back) -> super::Incoming {
@@ -253,19 +263,19 @@ impl Returning {
     /// The body has ended: its connection is free again, or will be once hyper has finished
     /// with it (then a task waits for that, as hyper-util's client did for every answer).
     fn hand_back(&mut self) {
-        let Some((origin, mut sender, kept)) = self.back.take() else {
+        let Some((origin, mut h1, kept)) = self.back.take() else {
             return;
         };
-        if sender.is_closed() {
+        if h1.sender.is_closed() {
             return;
         }
-        if sender.is_ready() {
-            free(&kept, origin, sender);
+        if h1.sender.is_ready() {
+            free(&kept, origin, h1);
             return;
         }
         detach(async move {
-            if sender.ready().await.is_ok() {
-                free(&kept, origin, sender);
+            if h1.sender.ready().await.is_ok() {
+                free(&kept, origin, h1);
             }
         });
     }
@@ -273,7 +283,7 @@ impl Returning {
 
 /// Puts a connection back among the free ones, and starts the task that closes them once idle
 /// too long if none runs.
-fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, sender: http1::SendRequest<Outgoing>) {
+fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, sender: H1) {
     let mut kept = lock(shared);
     kept.free.push_back(Free {
         origin,
@@ -287,12 +297,20 @@ fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, sender: http1::SendRequest<Ou
 }
 
 /// Runs a new connection's task (hyper's, reading and writing it) on this worker's runtime.
-fn drive<C>(connection: C)
+/// Runs a connection's task, counting its turns when asked to.
+fn drive<C>(connection: C, turns: Option<Turns>)
 where
     C: std::future::Future<Output = Result<(), hyper::Error>> + Send + 'static,
 {
     detach(async move {
-        if let Err(e) = connection.await {
+        let mut connection = std::pin::pin!(connection);
+        let counted = std::future::poll_fn(|cx| {
+            if let Some(turns) = &turns {
+                turns.count();
+            }
+            connection.as_mut().poll(cx)
+        });
+        if let Err(e) = counted.await {
             tracing::debug!(error = %e, "upstream connection ended");
         }
     });

@@ -35,6 +35,23 @@ pub(super) fn poll_chunk(
     }
 }
 
+/// How many turns an upstream HTTP/1.1 connection's task has had. hyper's connection task hands
+/// a response body on one chunk at a time, each taken chunk waking it for the next: when a
+/// relay has taken a chunk and finds no next one, this tells whether the task has run since
+/// (then it had nothing more) or is still to run ([`RelayBody`]).
+#[derive(Clone, Default)]
+pub(super) struct Turns(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl Turns {
+    pub(super) fn count(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn now(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// An upstream response whose head and first chunk have arrived.
 pub struct Started {
     pub status: http::StatusCode,
@@ -49,6 +66,8 @@ pub struct Started {
     pub(super) decoder: Option<Decoder>,
     /// The `content-encoding` the upstream named when sluice cannot decode it.
     pub(super) undecodable: Option<String>,
+    /// The turns of the connection's task, for an HTTP/1.1 upstream.
+    pub(super) turns: Option<Turns>,
 }
 
 /// Decoded bytes one upstream chunk may inflate to before the body counts as too large.
@@ -187,6 +206,12 @@ impl Started {
             rest: self.rest,
             idle: self.idle,
             silence: Box::pin(tokio::time::sleep(self.idle)),
+            heard: tokio::time::Instant::now(),
+            batch: Batch::default(),
+            upstream_end: None,
+            turns: self.turns,
+            turn: 0,
+            looks: 0,
             bytes: 0,
             expected: self.expected,
             on_end: Some(Box::new(on_end)),
@@ -198,11 +223,32 @@ impl Started {
 
 /// A response body relayed from the upstream. Ends with an error when the upstream fails or is
 /// silent for longer than the idle timeout, so the client sees a cut stream, never a complete one.
+///
+/// The chunks that have arrived by the time one is handed on leave together, in one frame and
+/// so one write to the client (docs/runtime.md, "Streams"): a provider's stream is hundreds of
+/// small events, each its own HTTP chunk, and a write per event cost the relay most of its time.
+/// No chunk waits for one that has not arrived: after taking a chunk the body looks once more,
+/// letting the upstream connection's task hand on what it has already read, and sends what it
+/// holds as soon as nothing more is there.
 pub struct RelayBody {
     first: Option<Bytes>,
     rest: Incoming,
     idle: Duration,
+    /// Fires at the idle timeout after the last chunk heard of when it was armed; moved on
+    /// lazily (see `heard`), so a chunk costs no timer update.
     silence: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// When the latest chunks were taken.
+    heard: tokio::time::Instant,
+    /// Chunks taken and not yet handed on.
+    batch: Batch,
+    /// How the upstream body ended, once it did while a batch was still to be handed on.
+    upstream_end: Option<Result<(), BoxError>>,
+    /// The upstream connection's turns ([`Turns`]), and their count when a chunk was last
+    /// taken.
+    turns: Option<Turns>,
+    turn: u64,
+    /// Looks since then that found the task still to run: a few, then the batch leaves.
+    looks: u8,
     bytes: u64,
     /// The upstream's `content-length`: a body dropped after exactly that many bytes completed.
     expected: Option<u64>,
@@ -235,7 +281,14 @@ impl RelayBody {
         }
     }
 
-    fn chunk(&mut self, chunk: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    /// Hands the batch on as one frame.
+    fn hand_on(&mut self, batch: Option<Bytes>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.heard = tokio::time::Instant::now();
+        Poll::Ready(Some(Ok(Frame::data(batch.unwrap_or_default()))))
+    }
+
+    /// Reads a chunk as it is taken (its bytes counted, kept, watched); it is handed on later.
+    fn take(&mut self, chunk: &Bytes) {
         self.bytes += chunk.len() as u64;
         if let Some(kept) = &mut self.kept {
             if kept.len() + chunk.len() <= self.keep {
@@ -262,7 +315,96 @@ impl RelayBody {
                 Some(_) => {}
             }
         }
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    /// The upstream body has ended (`Ok`) or failed: the relay's own end.
+    fn finish(
+        &mut self,
+        how: Result<(), BoxError>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match how {
+            Ok(()) => {
+                if let Some(watch) = &mut self.watch {
+                    watch.finish();
+                }
+                // An event stream that ends before its dialect's final event did not complete
+                // (A9): the client sees it cut, never a clean end that looks complete.
+                let cut = |w: &Completion| w.can_tell() && !w.is_complete();
+                if self.success && self.watch.as_ref().is_some_and(cut) {
+                    tracing::warn!(
+                        "upstream stream ended before its final event; cut for the client"
+                    );
+                    self.end(StreamOutcome::UpstreamError);
+                    return Poll::Ready(Some(Err(
+                        "upstream stream ended before its final event".into()
+                    )));
+                }
+                self.end(StreamOutcome::Completed);
+                Poll::Ready(None)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream body failed mid-stream");
+                self.end(StreamOutcome::UpstreamError);
+                Poll::Ready(Some(Err("upstream body failed".into())))
+            }
+        }
+    }
+}
+
+/// The bytes of chunks taken together, up to [`BATCH_BYTES`]: the first as it came, copied into
+/// one buffer only when a second joins it.
+#[derive(Default)]
+struct Batch {
+    first: Option<Bytes>,
+    joined: Option<bytes::BytesMut>,
+}
+
+/// How many times a body looks again for its connection's turn before its batch leaves anyway
+/// (the task is queued by then; this only bounds the wait should it not be).
+const MAX_LOOKS: u8 = 4;
+
+/// The most bytes joined into one frame; a chunk this long or longer leaves alone, uncopied.
+const BATCH_BYTES: usize = 16 * 1024;
+
+impl Batch {
+    fn len(&self) -> usize {
+        match (&self.joined, &self.first) {
+            (Some(joined), _) => joined.len(),
+            (None, Some(first)) => first.len(),
+            (None, None) => 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.joined.is_none()
+    }
+
+    /// Adds `chunk`; false when it does not fit (the batch should leave first).
+    fn add(&mut self, chunk: Bytes) -> Result<(), Bytes> {
+        if self.is_empty() {
+            self.first = Some(chunk);
+            return Ok(());
+        }
+        if self.len() + chunk.len() > BATCH_BYTES {
+            return Err(chunk);
+        }
+        let joined = self.joined.get_or_insert_with(|| {
+            let first = self.first.take().unwrap_or_default();
+            let mut joined = bytes::BytesMut::with_capacity(
+                BATCH_BYTES.min(4 * 1024).max(first.len() + chunk.len()),
+            );
+            joined.extend_from_slice(&first);
+            joined
+        });
+        joined.extend_from_slice(&chunk);
+        Ok(())
+    }
+
+    fn take(&mut self) -> Option<Bytes> {
+        match self.joined.take() {
+            Some(joined) => Some(joined.freeze()),
+            None => self.first.take(),
+        }
     }
 }
 
@@ -276,52 +418,80 @@ impl http_body::Body for RelayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
-            return this.chunk(first);
+            // Arrived with the head: handed on at once, as the response's first byte.
+            this.take(&first);
+            return Poll::Ready(Some(Ok(Frame::data(first))));
         }
         if this.on_end.is_none() {
             return Poll::Ready(None);
         }
-        match poll_chunk(&mut this.rest, cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                let deadline = tokio::time::Instant::now() + this.idle;
-                this.silence.as_mut().reset(deadline);
-                this.chunk(chunk)
+        loop {
+            if let Some(how) = this.upstream_end.take() {
+                return this.finish(how);
             }
-            Poll::Ready(None) => {
-                if let Some(watch) = &mut this.watch {
-                    watch.finish();
+            match poll_chunk(&mut this.rest, cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    this.take(&chunk);
+                    if let Err(chunk) = this.batch.add(chunk) {
+                        // Full: the batch leaves, and this chunk starts the next.
+                        let full = this.batch.take();
+                        let _ = this.batch.add(chunk);
+                        return this.hand_on(full);
+                    }
+                    if this.batch.len() >= BATCH_BYTES {
+                        let full = this.batch.take();
+                        return this.hand_on(full);
+                    }
+                    // One more look once the upstream connection's task has had its turn: it
+                    // hands on the next chunk if it has already read it, and nothing otherwise.
+                    // Without that count (h2, whose streams buffer what has arrived), look now.
+                    if let Some(turns) = &this.turns {
+                        this.turn = turns.now();
+                        this.looks = 0;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    continue;
                 }
-                // An event stream that ends before its dialect's final event did not complete
-                // (A9): the client sees it cut, never a clean end that looks complete.
-                let cut = |w: &Completion| w.can_tell() && !w.is_complete();
-                if this.success && this.watch.as_ref().is_some_and(cut) {
-                    tracing::warn!(
-                        "upstream stream ended before its final event; cut for the client"
-                    );
-                    this.end(StreamOutcome::UpstreamError);
-                    return Poll::Ready(Some(Err(
-                        "upstream stream ended before its final event".into()
-                    )));
+                Poll::Ready(Some(Err(e))) => this.upstream_end = Some(Err(e)),
+                Poll::Ready(None) => this.upstream_end = Some(Ok(())),
+                Poll::Pending => {
+                    // Taking a chunk woke the connection's task; until it has run, this body
+                    // waits its turn (it may be polled again before, in the same turn of its
+                    // own task).
+                    let waiting = this.turns.as_ref().is_some_and(|t| t.now() == this.turn);
+                    if waiting && !this.batch.is_empty() && this.looks < MAX_LOOKS {
+                        this.looks += 1;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                 }
-                this.end(StreamOutcome::Completed);
-                Poll::Ready(None)
             }
-            Poll::Ready(Some(Err(e))) => {
-                tracing::warn!(error = %e, "upstream body failed mid-stream");
-                this.end(StreamOutcome::UpstreamError);
-                Poll::Ready(Some(Err("upstream body failed".into())))
+            if !this.batch.is_empty() {
+                let batch = this.batch.take();
+                return this.hand_on(batch);
             }
-            Poll::Pending => match this.silence.as_mut().poll(cx) {
+            if this.upstream_end.is_some() {
+                continue;
+            }
+            // Nothing to hand on: the body waits, for the upstream or for its silence.
+            match this.silence.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
                 Poll::Ready(()) => {
+                    let due = this.heard + this.idle;
+                    if due > tokio::time::Instant::now() {
+                        // Chunks came since it was armed: the silence counts from the last.
+                        this.silence.as_mut().reset(due);
+                        continue;
+                    }
                     tracing::warn!(
                         idle_seconds = this.idle.as_secs_f64(),
                         "upstream went silent mid-stream"
                     );
                     this.end(StreamOutcome::UpstreamError);
-                    Poll::Ready(Some(Err("upstream idle timeout".into())))
+                    return Poll::Ready(Some(Err("upstream idle timeout".into())));
                 }
-                Poll::Pending => Poll::Pending,
-            },
+            }
         }
     }
 
@@ -335,12 +505,12 @@ impl Drop for RelayBody {
     /// the stream's final event had passed (a client may hang up right after it).
     fn drop(&mut self) {
         let final_event_sent = self.watch.as_ref().is_some_and(Completion::is_complete);
-        let outcome =
-            if self.first.is_none() && (self.expected == Some(self.bytes) || final_event_sent) {
-                StreamOutcome::Completed
-            } else {
-                StreamOutcome::Cancelled
-            };
+        let all_handed_on = self.first.is_none() && self.batch.is_empty();
+        let outcome = if all_handed_on && (self.expected == Some(self.bytes) || final_event_sent) {
+            StreamOutcome::Completed
+        } else {
+            StreamOutcome::Cancelled
+        };
         self.end(outcome);
     }
 }

@@ -63,7 +63,7 @@ impl Thresholds {
         if !limits.enabled() {
             return None;
         }
-        let output = view.max_output.unwrap_or(limits.output_tokens);
+        let output = view.max_output.unwrap_or_else(|| limits.output_tokens());
         let room = limits.window_tokens.saturating_sub(output);
         Some(Thresholds {
             tokenizer: limits.tokenizer.unwrap_or_else(|| view.shapes.tokenizer()),

@@ -90,7 +90,7 @@ fn reference(tokenizer: Tokenizer, body: &Value) -> u64 {
 fn guarded(window: u64) -> RouteConfig {
     let mut route = RouteConfig::default();
     route.context.window_tokens = window;
-    route.context.output_tokens = 1000;
+    route.context.output_tokens = Some(1000);
     // The guard's own edits only (docs/cache.md has the breakpoints sluice adds).
     route.cache.breakpoints = crate::projection::policy::Breakpoints::Off;
     route
