@@ -90,18 +90,19 @@ impl Dialect {
     }
 }
 
-/// One event as a template: the time it leaves goes between `head` (which ends with the `{`
-/// opening its JSON) and `tail`.
+/// One event as a template: the time it leaves is added as the last member of its JSON object
+/// (at `stamp_at`, its closing brace), so the event starts as its provider's does.
 struct Event {
-    head: &'static str,
-    tail: String,
+    text: String,
+    stamp_at: Option<usize>,
 }
 
+/// An event from the text before its JSON (`head`, ending with the `{` that opens it) and the
+/// rest; an event with no `{` in its head (`data: [DONE]`) is not stamped.
 fn ev(head: &'static str, tail: impl Into<String>) -> Event {
-    Event {
-        head,
-        tail: tail.into(),
-    }
+    let text = format!("{head}{}", tail.into());
+    let stamp_at = head.ends_with('{').then(|| text.rfind('}')).flatten();
+    Event { text, stamp_at }
 }
 
 /// A few tokens of text, different per event as a model's are.
@@ -269,12 +270,15 @@ impl Body for Answer {
         this.yielded = false;
         let event = &this.events[this.next];
         this.next += 1;
-        let mut out = BytesMut::with_capacity(event.head.len() + event.tail.len() + 32);
-        out.extend_from_slice(event.head.as_bytes());
-        if !event.head.is_empty() {
-            out.extend_from_slice(format!(r#""sent_ns":{},"#, now_ns()).as_bytes());
+        let mut out = BytesMut::with_capacity(event.text.len() + 32);
+        match event.stamp_at {
+            Some(at) => {
+                out.extend_from_slice(&event.text.as_bytes()[..at]);
+                out.extend_from_slice(format!(r#","sent_ns":{}"#, now_ns()).as_bytes());
+                out.extend_from_slice(&event.text.as_bytes()[at..]);
+            }
+            None => out.extend_from_slice(event.text.as_bytes()),
         }
-        out.extend_from_slice(event.tail.as_bytes());
         Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
     }
 }
@@ -399,7 +403,7 @@ struct Stamps {
     carry: Vec<u8>,
 }
 
-const STAMP: &[u8] = br#""sent_ns":"#;
+const STAMP: &[u8] = br#","sent_ns":"#;
 
 impl Stamps {
     /// Each whole stamp in the bytes so far, given to `on_stamp`; a cut one waits for the rest.

@@ -269,15 +269,40 @@ fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
     let Some(data) = event.data else {
         return true;
     };
+    let [responses, anthropic, error, failed] = &*ENDS;
+    let last = if dialect == Dialect::OpenAiResponses {
+        responses
+    } else {
+        anthropic
+    };
+    let names_an_end = |name: &str| {
+        [last, error, failed]
+            .iter()
+            .any(|kind| kind.find(name.as_bytes()).is_some())
+    };
+    if matches!(
+        dialect,
+        Dialect::OpenAiResponses | Dialect::AnthropicMessages
+    ) {
+        // Providers open each event's object with its type: read there, it is the type parsing
+        // would find (the name is only read when parsing finds none, so it must not name an
+        // end either).
+        if let Some(kind) = leading_type(data) {
+            return kind != final_type(dialect)
+                && !FAILURE_TYPES.contains(&kind)
+                && event.name.is_none_or(|name| !names_an_end(name));
+        }
+    }
     let text = data.as_bytes();
     if ESCAPE.find(text).is_some() {
         return false;
     }
     match dialect {
         Dialect::GeminiGenerate => {
-            !data.contains("inishReason")
-                && !data.contains("inish_reason")
-                && !data.contains("\"error\"")
+            // `finishReason` or `finish_reason`, and an error.
+            static GEMINI: LazyLock<[Finder<'static>; 2]> =
+                LazyLock::new(|| [Finder::new("inish"), Finder::new("\"error\"")]);
+            GEMINI.iter().all(|end| end.find(text).is_none())
         }
         Dialect::OpenAiChat => {
             let key = FINISH.needle().len();
@@ -291,20 +316,29 @@ fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
                 })
         }
         Dialect::OpenAiResponses | Dialect::AnthropicMessages => {
-            let [responses, anthropic, error, failed] = &*ENDS;
-            let last = if dialect == Dialect::OpenAiResponses {
-                responses
-            } else {
-                anthropic
-            };
-            [last, error, failed].iter().all(|kind| {
-                kind.find(text).is_none()
-                    && event
-                        .name
-                        .is_none_or(|name| kind.find(name.as_bytes()).is_none())
-            })
+            [last, error, failed]
+                .iter()
+                .all(|kind| kind.find(text).is_none())
+                && event.name.is_none_or(|name| !names_an_end(name))
         }
     }
+}
+
+/// The value of a `"type"` member that opens the JSON object `data`, when it is spelled without
+/// escapes: `{"type":"ping",…` gives `ping`. JSON keeps one member per key, so this is the
+/// object's type.
+fn leading_type(data: &str) -> Option<&str> {
+    let rest = data
+        .trim_ascii_start()
+        .strip_prefix('{')?
+        .trim_ascii_start()
+        .strip_prefix("\"type\"")?
+        .trim_ascii_start()
+        .strip_prefix(':')?
+        .trim_ascii_start()
+        .strip_prefix('"')?;
+    let kind = rest.get(..memchr::memchr(b'"', rest.as_bytes())?)?;
+    (!kind.contains('\\')).then_some(kind)
 }
 
 #[cfg(test)]
@@ -544,6 +578,18 @@ mod tests {
         assert!(!says_nothing(
             Dialect::OpenAiResponses,
             &event(None, r#"{"type":"response.failed"}"#)
+        ));
+        // Read from the type that opens the object, whatever else the data holds.
+        assert!(says_nothing(
+            anthropic,
+            &event(
+                Some("content_block_delta"),
+                r#" { "type" : "content_block_delta","delta":{"text":"an error: message_stop"}}"#
+            )
+        ));
+        assert!(!says_nothing(
+            anthropic,
+            &event(Some("message_stop"), r#"{"type":"ping"}"#)
         ));
     }
 }

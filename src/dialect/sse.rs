@@ -189,7 +189,7 @@ impl Framer {
             Data::None => None,
             Data::Line { start, end } => {
                 let line = self.raw.get(start..end).unwrap_or_default();
-                match std::str::from_utf8(line) {
+                match simdutf8::basic::from_utf8(line) {
                     Ok(text) => Some(text),
                     Err(_) => {
                         self.joined.clear();
