@@ -21,6 +21,8 @@
 //! streams`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // benchmark code: fail loudly
+// A tool process: its tasks end with it.
+#![allow(clippy::disallowed_methods)]
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -292,17 +292,17 @@ impl RelayBody {
         self.bytes += chunk.len() as u64;
         if let Some(kept) = &mut self.kept {
             if kept.len() + chunk.len() <= self.keep {
-                kept.extend_from_slice(&chunk);
+                kept.extend_from_slice(chunk);
             } else {
                 self.kept = None;
             }
         }
         if let Some(watch) = &mut self.watch {
             match &mut self.decoder {
-                None => watch.feed(&chunk),
+                None => watch.feed(chunk),
                 // Until the final event: what follows it cannot change the outcome.
                 Some(decoder) if !watch.is_complete() => {
-                    let fed = decoder.feed(&chunk, &mut |piece| {
+                    let fed = decoder.feed(chunk, &mut |piece| {
                         watch.feed(piece);
                         Ok::<(), std::convert::Infallible>(())
                     });
