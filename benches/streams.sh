@@ -102,7 +102,7 @@ host_ticks() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 steal_pct() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(round(100 * (int(b[0]) - int(a[0])) / max(int(b[1]) - int(a[1]), 1), 1))" "$1" "$2"; }
 median() { python3 -c "import statistics,sys; print(round(statistics.median(map(float, sys.argv[1:])), 3))" "$@"; }
 calc() { python3 -c "print($1)"; }
-field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d['$2'])" "$3"; }
+field() { python3 -c "import json,sys; print(json.loads(sys.argv[2])[sys.argv[1]])" "$1" "$2"; }
 
 for d in $DIALECTS; do "$BENCH" body "$(path "$d")" > "$work/$d.json"; done
 cat > "$work/post.lua" <<'LUA'
