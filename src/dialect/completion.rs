@@ -247,8 +247,9 @@ const FAILURE_TYPES: [&str; 2] = ["error", "response.failed"];
 /// spell a key or a string with `\u` escapes, so such data is always parsed; without them, a
 /// key or a value sluice looks for appears in the text as itself.
 /// - chat: every `"finish_reason"` in it is followed by `null` (a delta; none finished);
-/// - Responses and Anthropic: neither its data nor its name holds the final event's type or a
-///   failure's.
+/// - Responses and Anthropic: the type that opens its object (as providers send it,
+///   [`leading_type`]) is neither the final event's nor a failure's, or, when it does not open
+///   with one, its data holds neither; in both cases its name holds neither.
 fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
     use memchr::memmem::Finder;
     use std::sync::LazyLock;

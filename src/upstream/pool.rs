@@ -48,7 +48,7 @@ impl Origin {
 /// An HTTP/1.1 connection, free for a request.
 struct Free {
     origin: Origin,
-    sender: H1,
+    h1: H1,
     since: Instant,
 }
 
@@ -176,8 +176,8 @@ impl Pool {
         kept.expire(Instant::now());
         while let Some(at) = kept.free.iter().rposition(|f| f.origin == *origin) {
             let free = kept.free.remove(at)?;
-            if free.sender.sender.is_ready() {
-                return Some(Taken::H1(free.sender));
+            if free.h1.sender.is_ready() {
+                return Some(Taken::H1(free.h1));
             }
         }
         None
@@ -283,11 +283,11 @@ impl Returning {
 
 /// Puts a connection back among the free ones, and starts the task that closes them once idle
 /// too long if none runs.
-fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, sender: H1) {
+fn free(shared: &Arc<Mutex<Kept>>, origin: Origin, h1: H1) {
     let mut kept = lock(shared);
     kept.free.push_back(Free {
         origin,
-        sender,
+        h1,
         since: Instant::now(),
     });
     if !kept.reaping {

@@ -225,7 +225,7 @@ impl Started {
 /// silent for longer than the idle timeout, so the client sees a cut stream, never a complete one.
 ///
 /// The chunks that have arrived by the time one is handed on leave together, in one frame and
-/// so one write to the client (docs/runtime.md, "Streams"): a provider's stream is hundreds of
+/// so one write to the client (docs/runtime.md, "Streams as providers send them"): a provider's stream is hundreds of
 /// small events, each its own HTTP chunk, and a write per event cost the relay most of its time.
 /// No chunk waits for one that has not arrived: after taking a chunk the body looks once more,
 /// letting the upstream connection's task hand on what it has already read, and sends what it
@@ -366,6 +366,9 @@ const MAX_LOOKS: u8 = 4;
 /// The most bytes joined into one frame; a chunk this long or longer leaves alone, uncopied.
 const BATCH_BYTES: usize = 16 * 1024;
 
+/// The room a batch's buffer takes when a second chunk joins the first.
+const JOINED_ROOM: usize = 4 * 1024;
+
 impl Batch {
     fn len(&self) -> usize {
         match (&self.joined, &self.first) {
@@ -379,7 +382,7 @@ impl Batch {
         self.first.is_none() && self.joined.is_none()
     }
 
-    /// Adds `chunk`; false when it does not fit (the batch should leave first).
+    /// Adds `chunk`, or gives it back when it does not fit (the batch should leave first).
     fn add(&mut self, chunk: Bytes) -> Result<(), Bytes> {
         if self.is_empty() {
             self.first = Some(chunk);
@@ -390,9 +393,9 @@ impl Batch {
         }
         let joined = self.joined.get_or_insert_with(|| {
             let first = self.first.take().unwrap_or_default();
-            let mut joined = bytes::BytesMut::with_capacity(
-                BATCH_BYTES.min(4 * 1024).max(first.len() + chunk.len()),
-            );
+            // Room for a few more events; it grows, up to the batch's bound, when more come.
+            let mut joined =
+                bytes::BytesMut::with_capacity(JOINED_ROOM.max(first.len() + chunk.len()));
             joined.extend_from_slice(&first);
             joined
         });
