@@ -300,10 +300,16 @@ fn says_nothing(dialect: Dialect, event: &Event<'_>) -> bool {
     }
     match dialect {
         Dialect::GeminiGenerate => {
-            // `finishReason` or `finish_reason`, and an error.
-            static GEMINI: LazyLock<[Finder<'static>; 2]> =
+            // No `finishReason` or `finish_reason` (one search for both: a model's text says
+            // "finish" often, so what follows is checked), and no error.
+            static FINISH_OR_ERROR: LazyLock<[Finder<'static>; 2]> =
                 LazyLock::new(|| [Finder::new("inish"), Finder::new("\"error\"")]);
-            GEMINI.iter().all(|end| end.find(text).is_none())
+            let [finish, error] = &*FINISH_OR_ERROR;
+            let finishes = finish.find_iter(text).any(|at| {
+                let after = text.get(at + finish.needle().len()..).unwrap_or_default();
+                after.starts_with(b"Reason") || after.starts_with(b"_reason")
+            });
+            !finishes && error.find(text).is_none()
         }
         Dialect::OpenAiChat => {
             let key = FINISH.needle().len();
@@ -580,6 +586,24 @@ mod tests {
             Dialect::OpenAiResponses,
             &event(None, r#"{"type":"response.failed"}"#)
         ));
+        let gemini = Dialect::GeminiGenerate;
+        let chunk = |text: &str, rest: &str| {
+            format!(r#"{{"candidates":[{{"content":{{"parts":[{{"text":"{text}"}}]}}{rest}}}]}}"#)
+        };
+        let told = |data: &str| {
+            says_nothing(
+                gemini,
+                &Event {
+                    name: None,
+                    data: Some(data),
+                    raw: b"",
+                },
+            )
+        };
+        assert!(told(&chunk("I will finish the build", "")));
+        assert!(!told(&chunk("done", r#","finishReason":"STOP""#)));
+        assert!(!told(&chunk("done", r#","finish_reason":"STOP""#)));
+        assert!(!told(r#"{"error":{"code":500}}"#));
         // Read from the type that opens the object, whatever else the data holds.
         assert!(says_nothing(
             anthropic,
