@@ -103,26 +103,18 @@ dialects = ["openai-chat", "openai-responses", "anthropic-messages"]
 upstream = "http://$MOCK"
 TOML
 # (Re)starts sluice with the given connection balancing (SLUICE_BALANCE, docs/runtime.md).
+. benches/common.sh
 start_sluice() {
-  if [ -n "${SLUICE_PID:-}" ]; then kill "$SLUICE_PID"; wait "$SLUICE_PID" 2>/dev/null || true; fi
-  # A sluice left running on these ports would answer instead, and be measured as this one.
-  if curl -sf "http://$ADMIN/readyz" >/dev/null; then echo "a sluice already answers on $ADMIN" >&2; exit 1; fi
+  stop_sluice
   local balance=$1 keep=1000
   [ "$balance" = keep ] && balance=least keep=0
   SLUICE_BALANCE=$balance SLUICE_MAX_REQUESTS_PER_CONNECTION=$keep SLUICE_LOG=warn \
     "${SLUICE_BIN:-./target/release/sluice}" serve --config "$work/sluice.toml" &
   SLUICE_PID=$!
-  for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
-  kill -0 "$SLUICE_PID" 2>/dev/null || { echo "sluice did not start" >&2; exit 1; }
+  await_sluice
 }
 start_sluice least
 
-TICKS=$(getconf CLK_TCK)
-# CPU seconds (user + system) of the given pids.
-cpu() { local t=0; for p in "$@"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); t=$((t + $1 + $2)); done; echo "$t"; }
-nginx_workers() { pgrep -P "$(cat "$work/proxy.pid")" | tr '\n' ' '; }
-url() { case $1 in direct) echo "http://$MOCK";; sluice) echo "http://$SLUICE";; nginx) echo "http://$PROXY";; esac; }
-pids() { case $1 in sluice) echo "$SLUICE_PID";; nginx) nginx_workers;; *) echo "";; esac; }
 run() { # target payload mode [extra oha args...] -> oha JSON on stdout
   local target=$1 payload=$2 mode=$3; shift 3
   local hdr=(); [ "$mode" = stream ] && hdr=(-H "x-mock-stream: 1")
@@ -130,11 +122,6 @@ run() { # target payload mode [extra oha args...] -> oha JSON on stdout
   oha --no-tui --output-format json -z "${SECONDS_EACH}s" -m POST -T application/json -D "$file" \
     "${hdr[@]}" "$@" "$(url "$target")/v1/chat/completions"
 }
-# The host's CPU time stolen by other guests (/proc/stat's steal), and all of it: "steal total".
-# A cell run while the host was taking time away is noisy for every target, and says so.
-host_ticks() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
-# Steal between two host_ticks snapshots, as a percentage of the time that passed.
-steal_pct() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(round(100 * (int(b[0]) - int(a[0])) / max(int(b[1]) - int(a[1]), 1), 1))" "$1" "$2"; }
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 cat > "$work/post.lua" <<'LUA'
 local f = io.open(os.getenv("BODY"), "rb"); local body = f:read("*a"); f:close()
@@ -178,7 +165,6 @@ echo
 # rounds; "added" is the median of each round's sluice minus that round's direct, with its
 # range over the rounds beside it.
 LAT_ROUNDS=${LAT_ROUNDS:-3}
-median() { python3 -c "import statistics,sys; print(round(statistics.median(map(float, sys.argv[1:])), 3))" "$@"; }
 spread() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(f'{min(v):.3f} to {max(v):.3f}')" "$@"; }
 echo "latency at $RATE req/s, 50 connections, $LAT_ROUNDS rounds of ${SECONDS_EACH} s per target (medians):"
 echo

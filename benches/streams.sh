@@ -79,28 +79,19 @@ name = "mock"
 dialects = ["openai-chat", "openai-responses", "anthropic-messages", "gemini-generate"]
 upstream = "http://$MOCK"
 TOML
+. benches/common.sh
 start_sluice() {
-  if [ -n "${SLUICE_PID:-}" ]; then kill "$SLUICE_PID"; wait "$SLUICE_PID" 2>/dev/null || true; fi
-  if curl -sf "http://$ADMIN/readyz" >/dev/null; then echo "a sluice already answers on $ADMIN" >&2; exit 1; fi
+  stop_sluice
   SLUICE_LOG=warn "${SLUICE_BIN:-./target/release/sluice}" serve --config "$work/sluice.toml" &
   SLUICE_PID=$!
-  for _ in $(seq 100); do curl -sf "http://$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
-  kill -0 "$SLUICE_PID" 2>/dev/null || { echo "sluice did not start" >&2; exit 1; }
+  await_sluice
 }
 start_sluice
 
-TICKS=$(getconf CLK_TCK)
-cpu() { local t=0; for p in "$@"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); t=$((t + $1 + $2)); done; echo "$t"; }
 rss_kb() { local t=0; for p in "$@"; do t=$((t + $(awk '/VmRSS/{print $2}' "/proc/$p/status"))); done; echo "$t"; }
-nginx_workers() { pgrep -P "$(cat "$work/proxy.pid")" | tr '\n' ' '; }
-url() { case $1 in direct) echo "http://$MOCK";; sluice) echo "http://$SLUICE";; nginx) echo "http://$PROXY";; esac; }
-pids() { case $1 in sluice) echo "$SLUICE_PID";; nginx) nginx_workers;; *) echo "";; esac; }
 path() { case $1 in
   chat) echo /v1/chat/completions;; responses) echo /v1/responses;; anthropic) echo /v1/messages;;
   gemini) echo "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";; esac; }
-host_ticks() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
-steal_pct() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(round(100 * (int(b[0]) - int(a[0])) / max(int(b[1]) - int(a[1]), 1), 1))" "$1" "$2"; }
-median() { python3 -c "import statistics,sys; print(round(statistics.median(map(float, sys.argv[1:])), 3))" "$@"; }
 calc() { python3 -c "print($1)"; }
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[2])[sys.argv[1]])" "$1" "$2"; }
 
