@@ -190,6 +190,7 @@ pub(super) fn anchor(
     view: &RequestView<'_>,
     limits: &CacheLimits,
     settled_end: Option<usize>,
+    made: &[Edit],
 ) -> Vec<Edit> {
     if limits.breakpoints == Breakpoints::Off || view.shapes.cache_provider() != Provider::Anthropic
     {
@@ -210,7 +211,8 @@ pub(super) fn anchor(
     let mut edits = Vec::new();
     let rates = rates(view, limits);
     // A conversation under way (it carries tool results), long enough to cache.
-    if !marked && under_way && (body.len() as u64) / BYTES_PER_TOKEN >= rates.min_tokens {
+    // Sizes are the forwarded request's: a spilled log before a slot no longer counts.
+    if !marked && under_way && forwarded(body.len(), made) / BYTES_PER_TOKEN >= rates.min_tokens {
         edits.extend(top_marker(view));
     }
     let Some(end) = settled_end else {
@@ -231,7 +233,7 @@ pub(super) fn anchor(
         .find(|s| s.close < end);
     // Below the model's minimum an entry is not written: no anchor.
     if let Some(slot) =
-        slot.filter(|s| !s.marked && s.close as u64 / BYTES_PER_TOKEN >= rates.min_tokens)
+        slot.filter(|s| !s.marked && forwarded(s.close, made) / BYTES_PER_TOKEN >= rates.min_tokens)
     {
         edits.push(Edit {
             span: Span {
@@ -242,6 +244,22 @@ pub(super) fn anchor(
         });
     }
     edits
+}
+
+/// Where offset `at` of the received body stands in the forwarded one: moved by every edit
+/// that ends at or before it (edits never overlap).
+fn forwarded(at: usize, made: &[Edit]) -> u64 {
+    let (grown, shrunk) =
+        made.iter()
+            .filter(|e| e.span.end <= at)
+            .fold((0u64, 0u64), |(g, s), e| {
+                let (new, old) = (
+                    e.with.len() as u64,
+                    e.span.end.saturating_sub(e.span.start) as u64,
+                );
+                (g + new.saturating_sub(old), s + old.saturating_sub(new))
+            });
+    (at as u64 + grown).saturating_sub(shrunk)
 }
 
 /// The top-level marker, right after the body's opening brace.

@@ -520,8 +520,8 @@ pub(super) fn project_with(
     // The session's cache clock moves with each request that carries images.
     out.delta.touch |= has_images;
     // Anthropic: breakpoints in the slots the client left free (docs/cache.md).
-    out.edits
-        .extend(edits::anchor(view, ctx.policy.cache, settled_end));
+    let anchors = edits::anchor(view, ctx.policy.cache, settled_end, &out.edits);
+    out.edits.extend(anchors);
     out
 }
 

@@ -149,6 +149,54 @@ fn only_requests_without_images_are_prepared_cheaply() {
     );
 }
 
+/// docs/cache.md, anchors: a breakpoint goes on a tool result only when what it would cache
+/// reaches the model's minimum in the *forwarded* request; a long log spilled before it no
+/// longer counts.
+#[test]
+fn an_anchor_is_placed_only_above_the_minimum_of_what_is_forwarded() {
+    use base64::Engine;
+    use serde_json::json;
+    let png = crate::image::tests::encode(
+        &crate::image::tests::picture(4, 4),
+        ::image::ImageFormat::Png,
+    );
+    let data = base64::engine::general_purpose::STANDARD.encode(&png);
+    let log: String = (0..1500)
+        .map(|i| format!("line {i}: ok, nothing to see\n"))
+        .collect();
+    // claude-opus-4-5 writes no entry below 4,096 tokens; the log is ~45 KB (~11k tokens).
+    let body = json!({"model": "claude-opus-4-5", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "build", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": log}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}]})
+    .to_string();
+    let body = Bytes::from(body);
+    let tenant = Tenant::from_credential(b"k");
+    let memo = Memo::default();
+    let markers = |max_units: usize| {
+        let mut route = RouteConfig::default();
+        route.exit.max_units = max_units;
+        let view = Dialect::AnthropicMessages.read_view(&body).unwrap();
+        let ctx = Context {
+            tenant: &tenant,
+            policy: route.policy(&route.read_tool),
+            memo: &memo,
+            state: &SessionState::default(),
+            now_ms: 0,
+        };
+        let out = splice(&body, project(&view, &ctx).edits).unwrap();
+        memchr::memmem::find_iter(&out, b"\"cache_control\"").count()
+    };
+    // The log forwarded whole: an anchor after it, and the top-level marker.
+    assert_eq!(markers(crate::config::DEFAULT_MAX_UNITS * 4), 2);
+    // The log spilled to a 1,024-unit page: too short to cache, no anchor; the request as a
+    // whole is too short as well.
+    assert_eq!(markers(1024), 0);
+}
+
 /// A short WAV's base64.
 fn wav_b64() -> String {
     use base64::Engine;
