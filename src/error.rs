@@ -39,14 +39,26 @@ pub enum GatewayError {
     BadCursor,
     #[error("a credential (Authorization or x-api-key) is needed to read sluice's artifacts")]
     Unauthorized,
+    #[error(
+        "this credential is over its {limit} limit at this gateway; retry after {retry_after} s"
+    )]
+    TenantLimited {
+        /// Which share: one of [`TENANT_LIMITS`].
+        limit: &'static str,
+        /// Seconds until a retry would be admitted (at least 1).
+        retry_after: u64,
+    },
     #[error("internal error")]
     Internal,
 }
 
+/// The per-tenant shares a request can be refused for (`[limits]`), as metric labels.
+pub const TENANT_LIMITS: [&str; 2] = ["concurrency", "rate"];
+
 impl GatewayError {
     /// Every value `kind` returns, so the error counter starts at zero for each (alert rules
     /// then see a series before the first error).
-    pub const KINDS: [&'static str; 15] = [
+    pub const KINDS: [&'static str; 16] = [
         "bad_json",
         "body_too_large",
         "client_body",
@@ -61,6 +73,7 @@ impl GatewayError {
         "store_unavailable",
         "bad_cursor",
         "unauthorized",
+        "tenant_limited",
         "internal",
     ];
 
@@ -81,6 +94,7 @@ impl GatewayError {
             GatewayError::StoreUnavailable => "store_unavailable",
             GatewayError::BadCursor => "bad_cursor",
             GatewayError::Unauthorized => "unauthorized",
+            GatewayError::TenantLimited { .. } => "tenant_limited",
             GatewayError::Internal => "internal",
         }
     }
@@ -95,6 +109,7 @@ impl GatewayError {
             GatewayError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::TenantLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoRoute { .. } | GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -139,6 +154,13 @@ mod tests {
             (GatewayError::StoreUnavailable, 503),
             (GatewayError::BadCursor, 400),
             (GatewayError::Unauthorized, 401),
+            (
+                GatewayError::TenantLimited {
+                    limit: "rate",
+                    retry_after: 2,
+                },
+                429,
+            ),
             (GatewayError::Internal, 500),
         ];
         for (err, status) in cases {

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub streams_total: IntCounterVec,
     /// sluice's own error responses by kind.
     pub errors_total: IntCounterVec,
+    /// Requests refused with 429 because their tenant was over a `[limits]` share, by which.
+    pub tenant_rejected_total: IntCounterVec,
     /// Tool results stored as new text artifacts (first spill only; repeats are memo hits).
     pub spills_total: IntCounterVec,
     /// Bytes of text stored by those spills.
@@ -171,6 +173,13 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let tenant_rejected_total = IntCounterVec::new(
+            Opts::new(
+                "sluice_tenant_rejected_total",
+                "Requests refused with 429: their tenant was over a [limits] share (concurrency, rate).",
+            ),
+            &["reason"],
+        )?;
         let spills_total = IntCounterVec::new(
             Opts::new(
                 "sluice_spills_total",
@@ -240,6 +249,9 @@ impl Metrics {
         for kind in GatewayError::KINDS {
             errors_total.with_label_values(&[kind]);
         }
+        for reason in crate::error::TENANT_LIMITS {
+            tenant_rejected_total.with_label_values(&[reason]);
+        }
         for outcome in COMMIT_OUTCOMES {
             commits_total.with_label_values(&[outcome]);
         }
@@ -299,6 +311,7 @@ impl Metrics {
         registry.register(Box::new(connections_recycled_total.clone()))?;
         registry.register(Box::new(streams_total.clone()))?;
         registry.register(Box::new(errors_total.clone()))?;
+        registry.register(Box::new(tenant_rejected_total.clone()))?;
         let context_retired_total = IntCounterVec::new(
             Opts::new(
                 "sluice_context_retired_total",
@@ -416,6 +429,7 @@ impl Metrics {
             connections_recycled_total,
             streams_total,
             errors_total,
+            tenant_rejected_total,
             spills_total,
             spilled_bytes_total,
             artifact_store_seconds,

@@ -23,9 +23,15 @@ impl Tenant {
         let api_key = headers.get("x-api-key").map(|v| v.as_bytes());
         let goog_key = headers.get("x-goog-api-key").map(|v| v.as_bytes());
         let bearer = headers.get(http::header::AUTHORIZATION).map(|v| {
-            let v = v.as_bytes();
-            match v.get(..7) {
-                Some(prefix) if prefix.eq_ignore_ascii_case(b"bearer ") => &v[7..],
+            // `Bearer ` with nothing after it reaches us as `Bearer` (the parser trims the
+            // space): the scheme alone is no credential.
+            let v = v.as_bytes().trim_ascii();
+            match v.get(..6) {
+                Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer") => match v.get(6) {
+                    None => &[][..],
+                    Some(b' ' | b'\t') => &v[7..],
+                    Some(_) => v,
+                },
                 _ => v,
             }
         });
@@ -41,6 +47,15 @@ impl Tenant {
         let mut h = Sha256::new();
         h.update(b"sluice-named-tenant\0");
         h.update(name.as_bytes());
+        Tenant(h.finalize().into())
+    }
+
+    /// Whose share a request without a credential and without a route's named tenant counts
+    /// against (`[limits]`): its source address's. Only shares are kept under it, never data.
+    pub fn of_address(ip: std::net::IpAddr) -> Tenant {
+        let mut h = Sha256::new();
+        h.update(b"sluice-address-tenant\0");
+        h.update(ip.to_string().as_bytes());
         Tenant(h.finalize().into())
     }
 
@@ -105,6 +120,15 @@ mod tests {
             Tenant::of_request(&headers(&[("x-api-key", ""), ("authorization", "Bearer ")])),
             None
         );
+        // The scheme alone, as it arrives once the parser trimmed `Bearer `'s space (S3: 401).
+        for bare in ["Bearer", "bearer  ", "BEARER\t"] {
+            assert_eq!(
+                Tenant::of_request(&headers(&[("authorization", bare)])),
+                None,
+                "{bare:?}"
+            );
+        }
+        assert!(Tenant::of_request(&headers(&[("authorization", "Bearerish")])).is_some());
         assert_ne!(Tenant::named("sidecar"), Tenant::anonymous());
         assert_eq!(format!("{a:?}"), "Tenant(<redacted>)");
         assert_eq!(a.namespace().len(), 32);

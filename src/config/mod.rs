@@ -10,11 +10,13 @@ use std::time::Duration;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 pub mod inspector;
+mod limits;
 mod route;
 
 use serde::{Deserialize, Serialize};
 
 use crate::dialect::Dialect;
+pub use limits::LimitsConfig;
 pub use route::RouteConfig;
 
 pub use crate::projection::policy::{
@@ -105,6 +107,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "session",
     "routes",
     "inspector",
+    "limits",
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -129,6 +132,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// `[inspector]`: turn records, the session API and page (docs/inspector.md).
     pub inspector: inspector::InspectorConfig,
+    /// `[limits]`: per-tenant shares of a shared gateway (docs/reliability.md, "Tenants").
+    pub limits: LimitsConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -179,6 +184,7 @@ impl Default for Config {
             session: SessionConfig::default(),
             routes: default_routes(),
             inspector: inspector::InspectorConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -379,6 +385,7 @@ impl Config {
                 "must be at most 256 TiB",
             ));
         }
+        self.limits.validate()?;
         let up = &self.upstream;
         positive_seconds(
             "upstream.connect_timeout_seconds",

@@ -234,6 +234,8 @@ impl Family {
                 let kind = match status {
                     S::NOT_FOUND => "not_found_error",
                     S::GATEWAY_TIMEOUT => "timeout_error",
+                    // What OpenAI's own request-rate 429s say.
+                    S::TOO_MANY_REQUESTS => "requests",
                     s if s.is_client_error() => "invalid_request_error",
                     _ => "api_error",
                 };

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use crate::dialect::{Dialect, Family};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::tenant::Tenant;
 use crate::upstream::{self};
 
 use super::{full, plain, sessions, App, Body, REQUEST_ID};
@@ -21,6 +22,8 @@ pub(super) struct InFlight {
     pub(super) metrics: Arc<Metrics>,
     pub(super) dialect: &'static str,
     pub(super) start: Instant,
+    /// The request's place in its tenant's share (`[limits]`), given back with the rest.
+    pub(super) admitted: Option<super::tenants::Admitted>,
 }
 
 impl InFlight {
@@ -30,6 +33,7 @@ impl InFlight {
             metrics: metrics.clone(),
             dialect,
             start,
+            admitted: None,
         }
     }
 }
@@ -79,7 +83,11 @@ pub(super) struct Context {
 }
 
 impl App {
-    pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    pub(super) async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: Option<std::net::IpAddr>,
+    ) -> Response<Body> {
         let start = Instant::now();
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let request_id = request_id(self.id_prefix, n);
@@ -95,8 +103,17 @@ impl App {
             dialect: dialect.map_or("passthrough", Dialect::as_str),
             route: String::new(),
         };
-        let inflight = InFlight::new(&self.metrics, ctx.dialect, start);
-        let result = if let Some(endpoint) = endpoint {
+        let mut inflight = InFlight::new(&self.metrics, ctx.dialect, start);
+        let api = endpoint.is_some() || Family::is_api_path(path);
+        let admitted = match &self.tenants {
+            Some(tenants) if api => self.admit(tenants, &req, &ctx, peer).map(Some),
+            _ => Ok(None),
+        };
+        let result = if let Err(refused) = admitted {
+            drop(inflight);
+            Err(refused)
+        } else if let Some(endpoint) = endpoint {
+            inflight.admitted = admitted.ok().flatten();
             self.projected(endpoint, req, start, &mut ctx, inflight)
                 .await
         } else if path.starts_with("/v1/sluice/") {
@@ -104,6 +121,7 @@ impl App {
             ctx.dialect = "sluice";
             self.sluice_endpoint(&req, &ctx).await
         } else if Family::is_api_path(path) {
+            inflight.admitted = admitted.ok().flatten();
             self.pass_through(req, &mut ctx, inflight).await
         } else if let Some(page) = path
             .starts_with("/sluice/ui")
@@ -144,6 +162,34 @@ impl App {
         response
     }
 
+    /// A request's place in its tenant's share, taken before its body is read (`[limits]`).
+    /// The tenant is the credential's; without one, the route's named tenant, else the source
+    /// address's.
+    fn admit(
+        &self,
+        tenants: &super::tenants::Tenants,
+        req: &Request<Incoming>,
+        ctx: &Context,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<super::tenants::Admitted, GatewayError> {
+        let tenant = Tenant::of_request(req.headers())
+            .or_else(|| {
+                self.routes
+                    .select_family(ctx.family)
+                    .and_then(|r| r.tenant.clone())
+            })
+            .or_else(|| peer.map(Tenant::of_address))
+            .unwrap_or_else(Tenant::anonymous);
+        tenants.admit(&tenant, Instant::now()).inspect_err(|e| {
+            if let GatewayError::TenantLimited { limit, .. } = e {
+                self.metrics
+                    .tenant_rejected_total
+                    .with_label_values(&[limit])
+                    .inc();
+            }
+        })
+    }
+
     pub(super) fn error_response(&self, ctx: &Context, err: &GatewayError) -> Response<Body> {
         self.metrics
             .errors_total
@@ -160,6 +206,11 @@ impl App {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let GatewayError::TenantLimited { retry_after, .. } = err {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
         if matches!(err, GatewayError::Overloaded) {
             // Bodies in flight are answered within seconds; come back after that.
             response

@@ -49,6 +49,7 @@ mod relay;
 mod reshow;
 mod rounds;
 mod sessions;
+mod tenants;
 mod workers;
 
 use body::{decode_body, full, plain, read_body};
@@ -134,6 +135,8 @@ struct Shared {
     heavy: Arc<tokio::sync::Semaphore>,
     /// Turn records, when `[inspector] enabled` (docs/inspector.md).
     inspector: Option<Arc<crate::inspect::Inspector>>,
+    /// Per-tenant shares, when `[limits]` sets any (`tenants.rs`).
+    tenants: Option<tenants::Tenants>,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -258,6 +261,7 @@ impl Server {
                 message: "is not a valid HTTP header name".into(),
             })?;
         let balance = Balance::from_env();
+        let tenants = tenants::Tenants::new(&config.limits);
         let proxy = listen(proxy_addr, balance == Balance::ReusePort).map_err(|source| {
             StartError::Bind {
                 addr: proxy_addr,
@@ -302,6 +306,7 @@ impl Server {
                 body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
                 heavy: Arc::new(tokio::sync::Semaphore::new(heavy)),
                 inspector,
+                tenants,
             }),
             proxy,
             admin,

@@ -339,6 +339,7 @@ pub(super) fn serve_proxy(
         load,
         recycle: Recycle::after(app.config.max_requests_per_connection),
     };
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     // The handler lives as long as the connection, and the slot with it.
     serve(tasks, graceful, stream, move |req| {
         let recycled = slot
@@ -347,7 +348,7 @@ pub(super) fn serve_proxy(
             .then(|| app.metrics.connections_recycled_total.clone());
         let app = app.clone();
         async move {
-            let mut response = app.handle(req).await;
+            let mut response = app.handle(req, peer).await;
             let Some(recycled) = recycled else {
                 return response;
             };

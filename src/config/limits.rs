@@ -1,0 +1,115 @@
+//! `[limits]`: what one tenant may hold of a shared gateway (docs/reliability.md, "Tenants").
+//! Every key is per tenant, and 0 means no limit.
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// Requests per second and burst are held below this, so a bucket's arithmetic stays exact.
+const MAX_RATE: f64 = 1_000_000.0;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Requests of one tenant in flight at once; the next gets 429.
+    pub tenant_concurrency: u32,
+    /// Sustained requests per second of one tenant (a token bucket).
+    pub tenant_requests_per_second: f64,
+    /// The bucket's size: requests a tenant may send at once after a quiet spell; 0 = the rate.
+    pub tenant_burst: u32,
+    /// Request bytes one tenant may hold buffered (not built yet: must stay 0).
+    pub tenant_inflight_body_bytes: u64,
+    /// Connections per source address before a tenant is known (not built yet: must stay 0).
+    pub address_connections: u32,
+}
+
+impl LimitsConfig {
+    /// Whether any per-tenant limit is set (none: requests skip the tenant table entirely).
+    pub fn any(&self) -> bool {
+        self.tenant_concurrency > 0 || self.tenant_requests_per_second > 0.0
+    }
+
+    /// The bucket's size when a rate is set: `tenant_burst`, else the rate itself (at least 1).
+    pub fn burst(&self) -> f64 {
+        match self.tenant_burst {
+            0 => self.tenant_requests_per_second.ceil().max(1.0),
+            b => f64::from(b),
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let rate = self.tenant_requests_per_second;
+        if !rate.is_finite() || !(0.0..=MAX_RATE).contains(&rate) {
+            return Err(ConfigError::at(
+                "limits.tenant_requests_per_second",
+                format!("must be from 0 (no limit) to {MAX_RATE}"),
+            ));
+        }
+        if self.tenant_burst > 0 && rate == 0.0 {
+            return Err(ConfigError::at(
+                "limits.tenant_burst",
+                "sizes the bucket of tenant_requests_per_second, which is 0 (no limit): set the rate too, or leave the burst at 0",
+            ));
+        }
+        if f64::from(self.tenant_burst) > MAX_RATE {
+            return Err(ConfigError::at(
+                "limits.tenant_burst",
+                format!("must be at most {MAX_RATE}"),
+            ));
+        }
+        for (key, set) in [
+            (
+                "tenant_inflight_body_bytes",
+                self.tenant_inflight_body_bytes > 0,
+            ),
+            ("address_connections", self.address_connections > 0),
+        ] {
+            if set {
+                return Err(ConfigError::at(
+                    format!("limits.{key}"),
+                    "is not supported yet and must be 0; the global max_inflight_body_bytes and max_connections apply",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_say_what_to_change_when_they_cannot_work() {
+        assert!(LimitsConfig::default().validate().is_ok());
+        assert!(!LimitsConfig::default().any());
+        let bad = [
+            LimitsConfig {
+                tenant_requests_per_second: -1.0,
+                ..Default::default()
+            },
+            LimitsConfig {
+                tenant_requests_per_second: f64::NAN,
+                ..Default::default()
+            },
+            LimitsConfig {
+                tenant_burst: 5,
+                ..Default::default()
+            },
+            LimitsConfig {
+                address_connections: 10,
+                ..Default::default()
+            },
+        ];
+        for limits in bad {
+            let err = limits.validate().unwrap_err();
+            assert!(err.key.starts_with("limits."), "{err:?}");
+        }
+        let rate = LimitsConfig {
+            tenant_requests_per_second: 2.5,
+            ..Default::default()
+        };
+        assert!(rate.any());
+        assert_eq!(rate.burst(), 3.0);
+    }
+}

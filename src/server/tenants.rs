@@ -1,0 +1,174 @@
+//! Per-tenant shares of the gateway (`[limits]`, docs/reliability.md "Tenants"): requests in
+//! flight and a token-bucket request rate, per credential. A request over its tenant's share is
+//! refused with 429 and `retry-after` before its body is read, so what it would have held
+//! (body room, the heavy pool, upstream connections) stays with the others.
+//!
+//! Shares are per process: each replica of a shared gateway applies them on its own.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::LimitsConfig;
+use crate::error::GatewayError;
+use crate::tenant::Tenant;
+
+/// Tenants remembered at once; a quiet one is forgotten after [`IDLE`], and one forgotten while
+/// busy starts afresh (its requests in flight still end on the entry they hold).
+const TENANTS: u64 = 100_000;
+const IDLE: Duration = Duration::from_secs(600);
+/// What a refusal for concurrency asks the client to wait: requests end within seconds.
+const CONCURRENCY_RETRY_SECONDS: u64 = 1;
+
+/// One tenant's use of its share.
+#[derive(Default)]
+struct Share {
+    inflight: AtomicU32,
+    /// Tokens left and when they were last counted (`None`: never, a full bucket).
+    bucket: Mutex<Option<(f64, Instant)>>,
+}
+
+/// Every tenant's share, when any limit is set.
+pub(super) struct Tenants {
+    limits: LimitsConfig,
+    shares: moka::sync::Cache<Tenant, Arc<Share>>,
+}
+
+/// A request's place in its tenant's share, given back when dropped (at the end of the
+/// response body).
+pub(super) struct Admitted(Arc<Share>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Tenants {
+    /// `None` when `[limits]` sets no per-tenant limit: requests skip the table entirely.
+    pub(super) fn new(limits: &LimitsConfig) -> Option<Tenants> {
+        limits.any().then(|| Tenants {
+            limits: limits.clone(),
+            shares: moka::sync::Cache::builder()
+                .max_capacity(TENANTS)
+                .time_to_idle(IDLE)
+                .build(),
+        })
+    }
+
+    /// Admits one request of `tenant` now, or says which share it is over and when to retry.
+    pub(super) fn admit(&self, tenant: &Tenant, now: Instant) -> Result<Admitted, GatewayError> {
+        let share = self.shares.get_with_by_ref(tenant, Default::default);
+        let max = self.limits.tenant_concurrency;
+        let before = share.inflight.fetch_add(1, Ordering::AcqRel);
+        // From here the place is held; dropping it gives it back on every refusal below.
+        let admitted = Admitted(share);
+        if max > 0 && before >= max {
+            return Err(GatewayError::TenantLimited {
+                limit: "concurrency",
+                retry_after: CONCURRENCY_RETRY_SECONDS,
+            });
+        }
+        let rate = self.limits.tenant_requests_per_second;
+        if rate > 0.0 {
+            let mut bucket = admitted
+                .0
+                .bucket
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (left, wait) = take(*bucket, now, rate, self.limits.burst());
+            *bucket = Some((left, now));
+            if let Some(wait) = wait {
+                return Err(GatewayError::TenantLimited {
+                    limit: "rate",
+                    retry_after: wait,
+                });
+            }
+        }
+        Ok(admitted)
+    }
+}
+
+/// A token bucket of `burst` tokens refilled at `rate` per second: the tokens left after this
+/// request, and, when it cannot be admitted, the whole seconds until it could (at least 1).
+fn take(bucket: Option<(f64, Instant)>, now: Instant, rate: f64, burst: f64) -> (f64, Option<u64>) {
+    let tokens = match bucket {
+        None => burst,
+        Some((left, at)) => {
+            (left + now.saturating_duration_since(at).as_secs_f64() * rate).min(burst)
+        }
+    };
+    if tokens >= 1.0 {
+        (tokens - 1.0, None)
+    } else {
+        let wait = ((1.0 - tokens) / rate).ceil().max(1.0);
+        (tokens, Some(wait as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(concurrency: u32, rate: f64, burst: u32) -> LimitsConfig {
+        LimitsConfig {
+            tenant_concurrency: concurrency,
+            tenant_requests_per_second: rate,
+            tenant_burst: burst,
+            ..Default::default()
+        }
+    }
+
+    fn limit(r: Result<Admitted, GatewayError>) -> Option<&'static str> {
+        match r {
+            Ok(_) => None,
+            Err(GatewayError::TenantLimited { limit, .. }) => Some(limit),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// SPEC 9.1 `tenant_concurrency`: the fifth of four allowed is refused; another tenant is
+    /// not; a place given back admits the next.
+    #[test]
+    fn concurrency_is_counted_per_tenant_and_given_back() {
+        let tenants = Tenants::new(&limits(4, 0.0, 0)).unwrap();
+        let (a, b) = (Tenant::from_credential(b"a"), Tenant::from_credential(b"b"));
+        let now = Instant::now();
+        let held: Vec<Admitted> = (0..4).map(|_| tenants.admit(&a, now).unwrap()).collect();
+        assert_eq!(limit(tenants.admit(&a, now)), Some("concurrency"));
+        assert_eq!(limit(tenants.admit(&b, now)), None);
+        drop(held);
+        assert_eq!(limit(tenants.admit(&a, now)), None);
+        assert!(Tenants::new(&limits(0, 0.0, 0)).is_none());
+    }
+
+    /// SPEC 9.1 `tenant_requests_per_second` and `tenant_burst`: a full bucket admits the burst
+    /// at once, then one request per 1/rate seconds; a refusal says when to come back.
+    #[test]
+    fn the_rate_is_a_token_bucket() {
+        let tenants = Tenants::new(&limits(0, 2.0, 3)).unwrap();
+        let a = Tenant::from_credential(b"a");
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(limit(tenants.admit(&a, t0)), None);
+        }
+        match tenants.admit(&a, t0) {
+            Err(GatewayError::TenantLimited { limit, retry_after }) => {
+                assert_eq!((limit, retry_after), ("rate", 1));
+            }
+            _ => panic!("the fourth at once is over the burst"),
+        }
+        // Half a second refills one token at 2/s.
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(limit(tenants.admit(&a, t1)), None);
+        assert_eq!(limit(tenants.admit(&a, t1)), Some("rate"));
+        // A long quiet spell refills no more than the burst.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(limit(tenants.admit(&a, t2)), None);
+        }
+        assert_eq!(limit(tenants.admit(&a, t2)), Some("rate"));
+        // A slow rate asks for a longer wait.
+        assert_eq!(take(Some((0.0, t0)), t0, 0.1, 1.0), (0.0, Some(10)));
+    }
+}

@@ -1,0 +1,163 @@
+//! One tenant cannot starve the others (`[limits]`, docs/reliability.md "Tenants"): a request
+//! over its tenant's share gets 429 in its dialect's shape with `retry-after`, before its body
+//! is read, while another tenant's requests go through; sluice's own endpoints refuse a bearer
+//! with nothing after it (401, S3).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
+
+mod common;
+
+use std::time::Duration;
+
+use common::mock::{MockUpstream, Reply};
+use common::{client, config_for, metric, Sluice};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+const MESSAGES: &str = "/v1/messages";
+const CHAT: &str = "/v1/chat/completions";
+
+fn messages(stream: bool) -> Value {
+    json!({"model": "claude-x", "max_tokens": 5, "stream": stream,
+        "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn send(sluice: &Sluice, path: &str, key: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(sluice.url(path))
+        .bearer_auth(key)
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn retry_after(resp: &reqwest::Response) -> u64 {
+    resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// SPEC 9.1 `tenant_concurrency = 4`: four streams of one tenant held open upstream; its fifth
+/// request gets 429 (Anthropic's `rate_limit_error`, OpenAI's `requests`) with `retry-after`
+/// and never reaches the provider, while another tenant is served; once the streams end the
+/// tenant is served again.
+#[tokio::test]
+async fn a_fifth_concurrent_request_of_one_tenant_gets_429_and_another_tenant_is_served() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "[limits]\ntenant_concurrency = 4",
+    ));
+    mock.script((0..4).map(|_| Reply::Gate { events: 1 }));
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let resp = send(&sluice, MESSAGES, "sk-noisy", &messages(true)).await;
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.bytes_stream();
+        // The first event is here: the request is under way, its head long since answered.
+        assert!(body.next().await.unwrap().is_ok());
+        open.push(body);
+    }
+    assert_eq!(mock.requests().len(), 4);
+    let refused = send(&sluice, MESSAGES, "sk-noisy", &messages(false)).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(retry_after(&refused), 1);
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    let refused = send(
+        &sluice,
+        CHAT,
+        "sk-noisy",
+        &json!({"model": "gpt-x",
+        "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(refused.status(), 429);
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "requests", "{v}");
+    assert_eq!(v["error"]["code"], "tenant_limited", "{v}");
+    assert_eq!(
+        mock.requests().len(),
+        4,
+        "refused requests reach no provider"
+    );
+    // Another tenant is not held back.
+    let quiet = send(&sluice, MESSAGES, "sk-quiet", &messages(false)).await;
+    assert_eq!(quiet.status(), 200);
+    // The streams end; their places are given back.
+    for _ in 0..4 {
+        mock.release();
+    }
+    for mut body in open {
+        while let Some(chunk) = body.next().await {
+            chunk.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = send(&sluice, MESSAGES, "sk-noisy", &messages(false)).await;
+    assert_eq!(again.status(), 200);
+    let m = sluice.metrics().await;
+    assert_eq!(
+        metric(&m, "sluice_tenant_rejected_total{reason=\"concurrency\"}"),
+        2.0
+    );
+    assert_eq!(
+        metric(&m, "sluice_tenant_rejected_total{reason=\"rate\"}"),
+        0.0
+    );
+}
+
+/// SPEC 9.1 `tenant_requests_per_second` and `tenant_burst`: a burst of two at once, then the
+/// third is refused with the seconds until the bucket has a token; another tenant has its own.
+#[tokio::test]
+async fn a_tenant_over_its_rate_is_told_when_to_come_back() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "[limits]\ntenant_requests_per_second = 0.2\ntenant_burst = 2",
+    ));
+    for _ in 0..2 {
+        let resp = send(&sluice, MESSAGES, "sk-loop", &messages(false)).await;
+        assert_eq!(resp.status(), 200);
+    }
+    let refused = send(&sluice, MESSAGES, "sk-loop", &messages(false)).await;
+    assert_eq!(refused.status(), 429);
+    // At 0.2 per second an empty bucket has its next token within five seconds.
+    let wait = retry_after(&refused);
+    assert!((4..=5).contains(&wait), "retry-after {wait}");
+    let other = send(&sluice, MESSAGES, "sk-other", &messages(false)).await;
+    assert_eq!(other.status(), 200);
+    assert_eq!(mock.requests().len(), 3);
+    let m = sluice.metrics().await;
+    assert_eq!(
+        metric(&m, "sluice_tenant_rejected_total{reason=\"rate\"}"),
+        1.0
+    );
+}
+
+/// S3: `Authorization: Bearer ` with nothing after it names no tenant: sluice's artifact and
+/// read endpoints answer 401, as without the header, never 404 as if it were a key.
+#[tokio::test]
+async fn an_empty_bearer_gets_401_on_sluices_own_endpoints() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    for path in [
+        "/v1/sluice/artifacts/t_0123456789abcdef0123456789abcdef",
+        "/v1/sluice/read?cursor=abc",
+    ] {
+        for value in ["Bearer ", "Bearer", "bearer \t"] {
+            let resp = client()
+                .get(sluice.url(path))
+                .header("authorization", value)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 401, "{path} with {value:?}");
+        }
+    }
+}
