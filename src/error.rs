@@ -40,7 +40,7 @@ pub enum GatewayError {
     #[error("a credential (Authorization or x-api-key) is needed to read sluice's artifacts")]
     Unauthorized,
     #[error(
-        "this credential is over its {limit} limit at this gateway; retry after {retry_after} s"
+        "over this gateway's per-client {limit} limit ([limits]); retry after {retry_after} s"
     )]
     TenantLimited {
         /// Which share: one of [`TENANT_LIMITS`].
@@ -53,7 +53,8 @@ pub enum GatewayError {
 }
 
 /// The per-tenant shares a request can be refused for (`[limits]`), as metric labels.
-pub const TENANT_LIMITS: [&str; 2] = ["concurrency", "rate"];
+/// `address` is a connection refused before any request: its source address held its cap.
+pub const TENANT_LIMITS: [&str; 3] = ["concurrency", "rate", "address"];
 
 impl GatewayError {
     /// Every value `kind` returns, so the error counter starts at zero for each (alert rules

@@ -176,7 +176,7 @@ impl Metrics {
         let tenant_rejected_total = IntCounterVec::new(
             Opts::new(
                 "sluice_tenant_rejected_total",
-                "Requests refused with 429: their tenant was over a [limits] share (concurrency, rate).",
+                "Requests refused with 429: their tenant was over a [limits] share (concurrency, rate), or connections refused because their source address held address_connections (address).",
             ),
             &["reason"],
         )?;

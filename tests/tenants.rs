@@ -161,3 +161,56 @@ async fn an_empty_bearer_gets_401_on_sluices_own_endpoints() {
         }
     }
 }
+
+/// One request on a raw keep-alive connection: its response head has arrived, so the
+/// connection is open and served, and stays open for what follows.
+async fn hold_connection(addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 "), "{head:?}");
+    stream
+}
+
+/// SPEC 9.1 `address_connections = 2`: before a tenant is known, a source address holding two
+/// connections has its third answered with a bare 429 and `retry-after` (a client reads it,
+/// no reset), counted as `reason="address"`; once one of the two closes, it is served again.
+#[tokio::test]
+async fn a_source_address_past_its_connections_is_answered_429_and_closed() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "[limits]\naddress_connections = 2",
+    ));
+    let url = sluice.url("");
+    let addr = url.trim_start_matches("http://");
+    let first = hold_connection(addr).await;
+    let _second = hold_connection(addr).await;
+    let refused = send(&sluice, MESSAGES, "sk-any", &messages(false)).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(retry_after(&refused), 1);
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    assert!(mock.requests().is_empty());
+    drop(first);
+    // The closed connection's place comes back once sluice has seen it close.
+    let mut status = 0;
+    for _ in 0..50 {
+        status = send(&sluice, MESSAGES, "sk-any", &messages(false))
+            .await
+            .status()
+            .as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+    let m = sluice.metrics().await;
+    assert!(metric(&m, "sluice_tenant_rejected_total{reason=\"address\"}") >= 1.0);
+}

@@ -74,6 +74,30 @@ pub(super) fn upstream_uri(
     })
 }
 
+/// Where a request came from: its source address, and whether that address was already holding
+/// its `address_connections` when this connection came (then every request on it is refused).
+#[derive(Clone, Copy)]
+pub(super) struct Peer {
+    ip: Option<std::net::IpAddr>,
+    over_cap: bool,
+}
+
+impl Peer {
+    pub(super) fn served(ip: Option<std::net::IpAddr>) -> Peer {
+        Peer {
+            ip,
+            over_cap: false,
+        }
+    }
+
+    pub(super) fn refused() -> Peer {
+        Peer {
+            ip: None,
+            over_cap: true,
+        }
+    }
+}
+
 /// What the handler knows about a request when it answers it, for metrics and logs.
 pub(super) struct Context {
     pub(super) request_id: String,
@@ -86,7 +110,7 @@ impl App {
     pub(super) async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
-        peer: Option<std::net::IpAddr>,
+        peer: Peer,
     ) -> Response<Body> {
         let start = Instant::now();
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -106,7 +130,17 @@ impl App {
         let mut inflight = InFlight::new(&self.metrics, ctx.dialect, start);
         let api = endpoint.is_some() || Family::is_api_path(path);
         let admitted = match &self.tenants {
-            Some(tenants) if api => self.admit(tenants, &req, &ctx, peer).map(Some),
+            _ if peer.over_cap => {
+                self.metrics
+                    .tenant_rejected_total
+                    .with_label_values(&["address"])
+                    .inc();
+                Err(GatewayError::TenantLimited {
+                    limit: "address",
+                    retry_after: 1,
+                })
+            }
+            Some(tenants) if api => self.admit(tenants, &req, &ctx, peer.ip).map(Some),
             _ => Ok(None),
         };
         let result = if let Err(refused) = admitted {

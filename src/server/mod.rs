@@ -137,6 +137,8 @@ struct Shared {
     inspector: Option<Arc<crate::inspect::Inspector>>,
     /// Per-tenant shares, when `[limits]` sets any (`tenants.rs`).
     tenants: Option<tenants::Tenants>,
+    /// Connections per source address, when `[limits] address_connections` is set.
+    addresses: Option<tenants::Addresses>,
 }
 
 /// One worker's request handler: the shared state plus the worker's own upstream client, whose
@@ -262,6 +264,7 @@ impl Server {
             })?;
         let balance = Balance::from_env();
         let tenants = tenants::Tenants::new(&config.limits);
+        let addresses = tenants::Addresses::new(&config.limits);
         let proxy = listen(proxy_addr, balance == Balance::ReusePort).map_err(|source| {
             StartError::Bind {
                 addr: proxy_addr,
@@ -307,6 +310,7 @@ impl Server {
                 heavy: Arc::new(tokio::sync::Semaphore::new(heavy)),
                 inspector,
                 tenants,
+                addresses,
             }),
             proxy,
             admin,

@@ -3,10 +3,15 @@
 //! refused with 429 and `retry-after` before its body is read, so what it would have held
 //! (body room, the heavy pool, upstream connections) stays with the others.
 //!
+//! Before a tenant is known (its headers still arriving), connections are capped per source
+//! address (`address_connections`): one address cannot take every place under `max_connections`.
+//!
 //! Shares are per process: each replica of a shared gateway applies them on its own.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::config::LimitsConfig;
@@ -75,7 +80,7 @@ impl Tenants {
                 .0
                 .bucket
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                .unwrap_or_else(PoisonError::into_inner);
             let (left, wait) = take(*bucket, now, rate, self.limits.burst());
             *bucket = Some((left, now));
             if let Some(wait) = wait {
@@ -86,6 +91,55 @@ impl Tenants {
             }
         }
         Ok(admitted)
+    }
+}
+
+/// Connections open per source address (`address_connections`). An address is in the table only
+/// while it has a connection open, so the table never holds more than `max_connections`.
+pub(super) struct Addresses {
+    max: u32,
+    open: Arc<Mutex<HashMap<IpAddr, u32>>>,
+}
+
+/// A connection's place under its address's cap, given back when the connection ends.
+pub(super) struct AddressSlot {
+    ip: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, u32>>>,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Addresses {
+    /// `None` when `address_connections` is 0.
+    pub(super) fn new(limits: &LimitsConfig) -> Option<Addresses> {
+        (limits.address_connections > 0).then(|| Addresses {
+            max: limits.address_connections,
+            open: Arc::default(),
+        })
+    }
+
+    /// A place for one more connection from `ip`, or `None` when it already holds its cap.
+    pub(super) fn open(&self, ip: IpAddr) -> Option<AddressSlot> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot {
+            ip,
+            open: self.open.clone(),
+        })
     }
 }
 
@@ -170,5 +224,27 @@ mod tests {
         assert_eq!(limit(tenants.admit(&a, t2)), Some("rate"));
         // A slow rate asks for a longer wait.
         assert_eq!(take(Some((0.0, t0)), t0, 0.1, 1.0), (0.0, Some(10)));
+    }
+
+    /// SPEC 9.1 `address_connections`: an address at its cap gets no more until one closes;
+    /// another address is not held back, and a closed address leaves the table.
+    #[test]
+    fn an_address_holds_at_most_its_cap_of_connections() {
+        let limits = LimitsConfig {
+            address_connections: 2,
+            ..Default::default()
+        };
+        let addresses = Addresses::new(&limits).unwrap();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = addresses.open(a).unwrap();
+        let _second = addresses.open(a).unwrap();
+        assert!(addresses.open(a).is_none());
+        let other = addresses.open(b).unwrap();
+        drop(first);
+        assert!(addresses.open(a).is_some());
+        drop(other);
+        assert!(!addresses.open.lock().unwrap().contains_key(&b));
+        assert!(Addresses::new(&LimitsConfig::default()).is_none());
     }
 }

@@ -20,6 +20,7 @@ use crate::store::session::Sessions;
 use crate::store::Backend;
 use crate::upstream::Upstream;
 
+use super::handle::Peer;
 use super::{App, Body, Shared, HEADER_READ_TIMEOUT, RESERVED_FDS};
 
 /// How often the store is checked for `sluice_store_up` between readiness probes.
@@ -330,16 +331,24 @@ pub(super) fn serve_proxy(
     permit: tokio::sync::OwnedSemaphorePermit,
     load: Arc<AtomicUsize>,
 ) {
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
+    let address = match (&app.addresses, peer) {
+        (Some(addresses), Some(ip)) => match addresses.open(ip) {
+            Some(slot) => Some(slot),
+            None => return refuse_address(app, tasks, stream, permit, load),
+        },
+        _ => None,
+    };
     let app = app.clone();
     let open = app.metrics.connections_open.clone();
     open.inc();
     let slot = ConnectionSlot {
         _permit: permit,
+        _address: address,
         open,
         load,
         recycle: Recycle::after(app.config.max_requests_per_connection),
     };
-    let peer = stream.peer_addr().ok().map(|a| a.ip());
     // The handler lives as long as the connection, and the slot with it.
     serve(tasks, graceful, stream, move |req| {
         let recycled = slot
@@ -348,7 +357,7 @@ pub(super) fn serve_proxy(
             .then(|| app.metrics.connections_recycled_total.clone());
         let app = app.clone();
         async move {
-            let mut response = app.handle(req, peer).await;
+            let mut response = app.handle(req, Peer::served(peer)).await;
             let Some(recycled) = recycled else {
                 return response;
             };
@@ -363,6 +372,36 @@ pub(super) fn serve_proxy(
             }
             response
         }
+    });
+}
+
+/// A connection from an address already holding `address_connections`. No tenant is known yet,
+/// so it is not served: its one request is answered 429 in its dialect's shape with
+/// `retry-after` and `connection: close`. Its head must come within two seconds and the whole
+/// answer within five, so refused connections cannot hold places under `max_connections` the
+/// way served ones may.
+fn refuse_address(
+    app: &Arc<App>,
+    tasks: &TaskTracker,
+    stream: tokio::net::TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    load: Arc<AtomicUsize>,
+) {
+    let app = app.clone();
+    tasks.spawn(async move {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive(false)
+            .header_read_timeout(Duration::from_secs(2));
+        let service = service_fn(move |req| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(app.handle(req, Peer::refused()).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        drop(permit);
+        load.fetch_sub(1, Ordering::Relaxed);
     });
 }
 
@@ -396,6 +435,8 @@ impl Recycle {
 pub(super) struct ConnectionSlot {
     /// Held for its drop: the permit goes back to the cap.
     _permit: tokio::sync::OwnedSemaphorePermit,
+    /// Held for its drop: the place under the source address's cap.
+    _address: Option<super::tenants::AddressSlot>,
     open: prometheus::IntGauge,
     /// The serving worker's connection count, which the acceptor balances by.
     load: Arc<AtomicUsize>,
