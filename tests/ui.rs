@@ -176,6 +176,10 @@ impl Browser {
             png.as_str().unwrap(),
         )
         .unwrap();
+        // The target dir may live elsewhere (CARGO_TARGET_DIR): make the place for it.
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
         std::fs::write(path, bytes).unwrap();
     }
 }
