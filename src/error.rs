@@ -54,7 +54,7 @@ pub enum GatewayError {
 
 /// The per-tenant shares a request can be refused for (`[limits]`), as metric labels.
 /// `address` is a connection refused before any request: its source address held its cap.
-pub const TENANT_LIMITS: [&str; 3] = ["concurrency", "rate", "address"];
+pub const TENANT_LIMITS: [&str; 4] = ["concurrency", "rate", "body", "address"];
 
 impl GatewayError {
     /// Every value `kind` returns, so the error counter starts at zero for each (alert rules

@@ -63,6 +63,9 @@ pub struct Metrics {
     pub errors_total: IntCounterVec,
     /// Requests refused with 429 because their tenant was over a `[limits]` share, by which.
     pub tenant_rejected_total: IntCounterVec,
+    /// Requests in flight per tenant, when `[limits]` sets any share: the busiest tenants by
+    /// their namespace's first 12 hex digits, the rest as `other` (`server/busiest.rs`).
+    pub tenant_inflight_requests: IntGaugeVec,
     /// Tool results stored as new text artifacts (first spill only; repeats are memo hits).
     pub spills_total: IntCounterVec,
     /// Bytes of text stored by those spills.
@@ -179,6 +182,13 @@ impl Metrics {
                 "Requests refused with 429: their tenant was over a [limits] share (concurrency, rate), or connections refused because their source address held address_connections (address).",
             ),
             &["reason"],
+        )?;
+        let tenant_inflight_requests = IntGaugeVec::new(
+            Opts::new(
+                "sluice_tenant_inflight_requests",
+                "Requests in flight per tenant when [limits] sets a share: the ten busiest tenants by the first 12 hex digits of their storage namespace, the rest as other.",
+            ),
+            &["tenant"],
         )?;
         let spills_total = IntCounterVec::new(
             Opts::new(
@@ -312,6 +322,7 @@ impl Metrics {
         registry.register(Box::new(streams_total.clone()))?;
         registry.register(Box::new(errors_total.clone()))?;
         registry.register(Box::new(tenant_rejected_total.clone()))?;
+        registry.register(Box::new(tenant_inflight_requests.clone()))?;
         let context_retired_total = IntCounterVec::new(
             Opts::new(
                 "sluice_context_retired_total",
@@ -430,6 +441,7 @@ impl Metrics {
             streams_total,
             errors_total,
             tenant_rejected_total,
+            tenant_inflight_requests,
             spills_total,
             spilled_bytes_total,
             artifact_store_seconds,

@@ -63,9 +63,22 @@ async fn a_fifth_concurrent_request_of_one_tenant_gets_429_and_another_tenant_is
         open.push(body);
     }
     assert_eq!(mock.requests().len(), 4);
+    // docs/metrics.md: the busy tenant has its own series while its requests are in flight.
+    let m = sluice.metrics().await;
+    assert_eq!(metric(&m, "sluice_tenant_inflight_requests{tenant=\""), 4.0);
     let refused = send(&sluice, MESSAGES, "sk-noisy", &messages(false)).await;
     assert_eq!(refused.status(), 429);
     assert_eq!(retry_after(&refused), 1);
+    // Anthropic's own request-limit headers: the share, none left, free again at an RFC 3339
+    // time a second or so from now.
+    let h = refused.headers();
+    assert_eq!(h["anthropic-ratelimit-requests-limit"], "4");
+    assert_eq!(h["anthropic-ratelimit-requests-remaining"], "0");
+    let reset = h["anthropic-ratelimit-requests-reset"].to_str().unwrap();
+    assert!(
+        reset.len() == 20 && reset.ends_with('Z') && reset.as_bytes()[10] == b'T',
+        "{reset}"
+    );
     let v: Value = refused.json().await.unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
@@ -78,6 +91,11 @@ async fn a_fifth_concurrent_request_of_one_tenant_gets_429_and_another_tenant_is
     )
     .await;
     assert_eq!(refused.status(), 429);
+    // OpenAI's: the wait as a duration.
+    let h = refused.headers();
+    assert_eq!(h["x-ratelimit-limit-requests"], "4");
+    assert_eq!(h["x-ratelimit-remaining-requests"], "0");
+    assert_eq!(h["x-ratelimit-reset-requests"], "1s");
     let v: Value = refused.json().await.unwrap();
     assert_eq!(v["error"]["type"], "requests", "{v}");
     assert_eq!(v["error"]["code"], "tenant_limited", "{v}");
@@ -106,6 +124,7 @@ async fn a_fifth_concurrent_request_of_one_tenant_gets_429_and_another_tenant_is
         metric(&m, "sluice_tenant_rejected_total{reason=\"concurrency\"}"),
         2.0
     );
+    assert_eq!(metric(&m, "sluice_tenant_inflight_requests{"), 0.0, "{m}");
     assert_eq!(
         metric(&m, "sluice_tenant_rejected_total{reason=\"rate\"}"),
         0.0
@@ -213,4 +232,68 @@ async fn a_source_address_past_its_connections_is_answered_429_and_closed() {
     assert_eq!(status, 200);
     let m = sluice.metrics().await;
     assert!(metric(&m, "sluice_tenant_rejected_total{reason=\"address\"}") >= 1.0);
+}
+
+/// SPEC 9.1 `tenant_inflight_body_bytes`: a tenant whose bodies already hold its share has its
+/// next body refused with 429 (`reason="body"`) as soon as its declared length says it would
+/// pass it, without waiting for room; another tenant's body of the same size is served.
+#[tokio::test]
+async fn a_tenant_holding_its_body_share_gets_429_and_another_tenant_is_served() {
+    use tokio::io::AsyncWriteExt;
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(
+        &mock.base_url(),
+        "max_body_bytes = 1048576\nmax_inflight_body_bytes = 8388608\n\
+         [limits]\ntenant_inflight_body_bytes = 1048576",
+    ));
+    // One body of a megabyte declared and only begun: it holds the tenant's whole share.
+    let url = sluice.url("");
+    let mut slow = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    slow.write_all(
+        b"POST /v1/messages HTTP/1.1\r\nhost: sluice\r\nauthorization: Bearer sk-big\r\n\
+          anthropic-version: 2023-06-01\r\ncontent-type: application/json\r\n\
+          content-length: 1048576\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let padded = |n: usize| {
+        let mut body = messages(false);
+        body["metadata"] = json!({"user_id": "x".repeat(n)});
+        body
+    };
+    let mut refused = None;
+    for _ in 0..50 {
+        let resp = send(&sluice, MESSAGES, "sk-big", &padded(300_000)).await;
+        if resp.status() == 429 {
+            refused = Some(resp);
+            break;
+        }
+        // The slow body's head has not been read yet: try again.
+        assert_eq!(resp.status(), 200);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("a body past the tenant's share is refused");
+    assert_eq!(retry_after(&refused), 1);
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    let other = send(&sluice, MESSAGES, "sk-small", &padded(300_000)).await;
+    assert_eq!(other.status(), 200);
+    let m = sluice.metrics().await;
+    assert!(metric(&m, "sluice_tenant_rejected_total{reason=\"body\"}") >= 1.0);
+    // The slow body's share comes back once its connection ends.
+    drop(slow);
+    let mut status = 0;
+    for _ in 0..50 {
+        status = send(&sluice, MESSAGES, "sk-big", &padded(300_000))
+            .await
+            .status()
+            .as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
 }

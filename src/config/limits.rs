@@ -17,7 +17,9 @@ pub struct LimitsConfig {
     pub tenant_requests_per_second: f64,
     /// The bucket's size: requests a tenant may send at once after a quiet spell; 0 = the rate.
     pub tenant_burst: u32,
-    /// Request bytes one tenant may hold buffered (not built yet: must stay 0).
+    /// Request body bytes one tenant may hold buffered at once; 0 = a fair share of
+    /// `max_inflight_body_bytes` ([`LimitsConfig::body_share`]). Applies once any per-tenant
+    /// limit is set.
     pub tenant_inflight_body_bytes: u64,
     /// Connections open at once from one source address; the next is answered 429 and closed.
     pub address_connections: u32,
@@ -26,7 +28,21 @@ pub struct LimitsConfig {
 impl LimitsConfig {
     /// Whether any per-tenant limit is set (none: requests skip the tenant table entirely).
     pub fn any(&self) -> bool {
-        self.tenant_concurrency > 0 || self.tenant_requests_per_second > 0.0
+        self.tenant_concurrency > 0
+            || self.tenant_requests_per_second > 0.0
+            || self.tenant_inflight_body_bytes > 0
+    }
+
+    /// The body bytes one tenant may hold at once: `tenant_inflight_body_bytes`, or for 0 a
+    /// quarter of `max_inflight_body_bytes` (so at least four tenants fill it), never below
+    /// `max_body_bytes` (one tenant can always send its largest request) nor above the whole.
+    pub fn body_share(&self, max_inflight_body_bytes: u64, max_body_bytes: u64) -> u64 {
+        match self.tenant_inflight_body_bytes {
+            0 => (max_inflight_body_bytes / 4)
+                .max(max_body_bytes)
+                .min(max_inflight_body_bytes),
+            n => n,
+        }
     }
 
     /// The bucket's size when a rate is set: `tenant_burst`, else the rate itself (at least 1).
@@ -37,7 +53,8 @@ impl LimitsConfig {
         }
     }
 
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks the keys, given the body limits they share (`max_body_bytes`).
+    pub(super) fn validate(&self, max_body_bytes: u64) -> Result<(), ConfigError> {
         let rate = self.tenant_requests_per_second;
         if !rate.is_finite() || !(0.0..=MAX_RATE).contains(&rate) {
             return Err(ConfigError::at(
@@ -57,10 +74,10 @@ impl LimitsConfig {
                 format!("must be at most {MAX_RATE}"),
             ));
         }
-        if self.tenant_inflight_body_bytes > 0 {
+        if self.tenant_inflight_body_bytes > 0 && self.tenant_inflight_body_bytes < max_body_bytes {
             return Err(ConfigError::at(
                 "limits.tenant_inflight_body_bytes",
-                "is not supported yet and must be 0; the global max_inflight_body_bytes applies",
+                format!("is below max_body_bytes ({max_body_bytes}): a tenant could never send its largest request; raise it, lower max_body_bytes, or set 0 for a fair share"),
             ));
         }
         Ok(())
@@ -73,7 +90,7 @@ mod tests {
 
     #[test]
     fn limits_say_what_to_change_when_they_cannot_work() {
-        assert!(LimitsConfig::default().validate().is_ok());
+        assert!(LimitsConfig::default().validate(1 << 20).is_ok());
         assert!(!LimitsConfig::default().any());
         let bad = [
             LimitsConfig {
@@ -94,7 +111,7 @@ mod tests {
             },
         ];
         for limits in bad {
-            let err = limits.validate().unwrap_err();
+            let err = limits.validate(2 << 20).unwrap_err();
             assert!(err.key.starts_with("limits."), "{err:?}");
         }
         let rate = LimitsConfig {
@@ -107,6 +124,22 @@ mod tests {
             address_connections: 10,
             ..Default::default()
         };
-        assert!(addresses.validate().is_ok());
+        assert!(addresses.validate(1 << 20).is_ok());
+        let bytes = LimitsConfig {
+            tenant_inflight_body_bytes: 64 << 20,
+            ..Default::default()
+        };
+        assert!(bytes.any() && bytes.validate(64 << 20).is_ok());
+        assert_eq!(bytes.body_share(256 << 20, 32 << 20), 64 << 20);
+    }
+
+    /// SPEC 9.1 `tenant_inflight_body_bytes = 0`: a quarter of the whole, never below one
+    /// largest request, never above the whole.
+    #[test]
+    fn the_fair_body_share_is_a_quarter_within_bounds() {
+        let fair = LimitsConfig::default();
+        assert_eq!(fair.body_share(256 << 20, 32 << 20), 64 << 20);
+        assert_eq!(fair.body_share(256 << 20, 100 << 20), 100 << 20);
+        assert_eq!(fair.body_share(64 << 20, 64 << 20), 64 << 20);
     }
 }

@@ -385,7 +385,7 @@ impl Config {
                 "must be at most 256 TiB",
             ));
         }
-        self.limits.validate()?;
+        self.limits.validate(self.max_body_bytes)?;
         let up = &self.upstream;
         positive_seconds(
             "upstream.connect_timeout_seconds",

@@ -293,7 +293,45 @@ impl Family {
 /// replaces all of them).
 pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "x-goog-api-key"];
 
-impl Family {}
+impl Family {
+    /// The headers a provider of this family tells its request limit with, on a 429 sluice
+    /// gives for a tenant's share (docs/timeouts-and-errors.md): `requests` allowed, none
+    /// left, the share free again after `seconds` (at `at`). OpenAI gives the wait as a
+    /// duration, Anthropic as an RFC 3339 time; Gemini has no such headers (`retry-after` only).
+    pub fn rate_limit_headers(
+        self,
+        headers: &mut http::HeaderMap,
+        requests: u64,
+        seconds: u64,
+        at: std::time::SystemTime,
+    ) {
+        use http::HeaderValue;
+        let (limit, remaining, reset, value) = match self {
+            Family::OpenAi => (
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+                HeaderValue::from_str(&format!("{seconds}s")).ok(),
+            ),
+            Family::Anthropic => (
+                "anthropic-ratelimit-requests-limit",
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+                time::OffsetDateTime::from(at)
+                    .replace_nanosecond(0)
+                    .ok()
+                    .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+                    .and_then(|t| HeaderValue::from_str(&t).ok()),
+            ),
+            Family::Google => return,
+        };
+        headers.insert(limit, HeaderValue::from(requests));
+        headers.insert(remaining, HeaderValue::from_static("0"));
+        if let Some(value) = value {
+            headers.insert(reset, value);
+        }
+    }
+}
 
 /// The byte span of `raw` inside `whole`. `raw` must have been borrowed from `whole` by
 /// serde_json; both are the same allocation, so the difference of their addresses is the offset.

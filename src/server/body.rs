@@ -112,16 +112,9 @@ pub(super) async fn read_body(
     headers: &http::HeaderMap,
     limit: u64,
     timeout: Duration,
-    room: &Arc<tokio::sync::Semaphore>,
+    (room, tenant_room): (&Arc<tokio::sync::Semaphore>, Option<Arc<tokio::sync::Semaphore>>),
     as_text: bool,
-) -> Result<
-    (
-        Bytes,
-        Option<Received>,
-        Option<tokio::sync::OwnedSemaphorePermit>,
-    ),
-    GatewayError,
-> {
+) -> Result<(Bytes, Option<Received>, Option<BodyRoom>), GatewayError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -137,6 +130,18 @@ pub(super) async fn read_body(
         started
             + BODY_GRACE
             + Duration::from_millis(total.saturating_mul(1000) / BODY_MIN_BYTES_PER_SECOND)
+    };
+    // The tenant's share first, never waited for: a tenant over it is refused (429) without
+    // holding any of the room the others share.
+    let mut mine = match (&tenant_room, declared) {
+        (Some(share), Some(n)) => match try_room(share, n) {
+            Some(permit) => Some(permit),
+            None => {
+                drain_within(incoming, limit, BODY_ROOM_WAIT).await;
+                return Err(OVER_SHARE);
+            }
+        },
+        _ => None,
     };
     // A body of declared length takes its whole room before a byte is read: bodies admitted
     // together can all finish, instead of each holding part of the room waiting for the rest.
@@ -184,13 +189,26 @@ pub(super) async fn read_body(
         }
         // Without a declared length, each chunk takes its room as it comes.
         if declared.is_none() {
+            if let Some(share) = &tenant_room {
+                match try_room(share, data.len() as u64) {
+                    Some(permit) => match &mut mine {
+                        Some(mine) => mine.merge(permit),
+                        None => mine = Some(permit),
+                    },
+                    None => {
+                        drop((first, joined, held, mine, data, text));
+                        drain_within(incoming, limit, BODY_ROOM_WAIT).await;
+                        return Err(OVER_SHARE);
+                    }
+                }
+            }
             match take_room(room, data.len() as u64, room_deadline).await {
                 Some(permit) => match &mut held {
                     Some(held) => held.merge(permit),
                     None => held = Some(permit),
                 },
                 None => {
-                    drop((first, joined, held, data, text));
+                    drop((first, joined, held, mine, data, text));
                     drain_within(incoming, limit, BODY_ROOM_WAIT).await;
                     return Err(GatewayError::Overloaded);
                 }
@@ -211,12 +229,45 @@ pub(super) async fn read_body(
             }
         }
     }
+    let held = held.map(|all| BodyRoom {
+        _all: all,
+        _tenant: mine,
+    });
     if let Some(text) = text {
         let (body, received) = text.finish();
         return Ok((body, received, held));
     }
     let body = first.unwrap_or_else(|| joined.freeze());
     Ok((body, None, held))
+}
+
+/// A body's room under `max_inflight_body_bytes` and, with `[limits]`, under its tenant's
+/// share; given back when dropped.
+pub(super) struct BodyRoom {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _tenant: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A body that would pass its tenant's `tenant_inflight_body_bytes`: its own bodies in flight
+/// end within seconds.
+const OVER_SHARE: GatewayError = GatewayError::TenantLimited {
+    limit: "body",
+    retry_after: 1,
+};
+
+/// `bytes` of a tenant's share, now or not at all.
+fn try_room(
+    share: &Arc<tokio::sync::Semaphore>,
+    bytes: u64,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let mut left = bytes;
+    let mut held = share.clone().try_acquire_many_owned(0).ok()?;
+    while left > 0 {
+        let piece = u32::try_from(left).unwrap_or(u32::MAX);
+        held.merge(share.clone().try_acquire_many_owned(piece).ok()?);
+        left -= u64::from(piece);
+    }
+    Some(held)
 }
 
 /// `bytes` of room under `max_inflight_body_bytes`, waited for until `deadline`.

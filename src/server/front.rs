@@ -75,6 +75,10 @@ pub(super) struct Ask<'r> {
     pub(super) request_id: &'r str,
     /// What was checked of the body as it arrived (`resume::Receiving`), if anything.
     pub(super) received: Option<&'r Received>,
+    /// Whose turn its heavy work takes (`fair.rs`): the share `[limits]` counted it against,
+    /// else found from the headers when heavy work needs it.
+    pub(super) share: Option<&'r Tenant>,
+    pub(super) peer: Option<std::net::IpAddr>,
 }
 
 impl Shared {
@@ -89,11 +93,16 @@ impl Shared {
         if body.len() < HEAVY_BODY_BYTES && !self.routes.may_guard(ask.dialect, body.len()) {
             return self.stages(ask, body, false).await;
         }
-        let _permit = self.heavy_slot().await?;
+        let share = self.share_in(&ask);
+        let _place = self.heavy.take(&share).await;
         let shared = Arc::clone(self);
         let body = body.clone();
-        let (dialect, headers, request_id) =
-            (ask.dialect, ask.headers.clone(), ask.request_id.to_owned());
+        let (dialect, headers, request_id, peer) = (
+            ask.dialect,
+            ask.headers.clone(),
+            ask.request_id.to_owned(),
+            ask.peer,
+        );
         let model = ask.model.map(str::to_owned);
         let received = ask.received.cloned();
         // The session and artifact reads it awaits are driven by this worker's runtime, which
@@ -107,6 +116,8 @@ impl Shared {
                     headers: &headers,
                     request_id: &request_id,
                     received: received.as_ref(),
+                    share: Some(&share),
+                    peer,
                 };
                 shared.stages(ask, &body, true).await
             })
@@ -115,13 +126,12 @@ impl Shared {
         .map_err(|_| GatewayError::Internal)?
     }
 
-    /// A place among the `heavy` jobs (at most `worker_threads` − 1 run at once).
-    async fn heavy_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, GatewayError> {
-        self.heavy
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| GatewayError::Internal)
+    /// Whose turn a request's heavy work takes (at most `worker_threads` − 1 jobs run at once).
+    fn share_in(&self, ask: &Ask<'_>) -> Tenant {
+        match ask.share {
+            Some(share) => share.clone(),
+            None => self.share_of(ask.headers, ask.dialect.family(), ask.peer),
+        }
     }
 
     /// Stages 2 to 7, in order; `pooled` when already on the heavy pool.
@@ -198,6 +208,7 @@ impl Shared {
                         },
                         read_tool: read_tool.clone(),
                         state,
+                        share: self.share_in(&ask),
                     };
                     // Boxed: this path's state stays out of every request's future.
                     let (projection, planned) = Box::pin(self.images_off_thread(job)).await?;
@@ -400,7 +411,7 @@ impl Shared {
         self: &Arc<Self>,
         job: Planning,
     ) -> Result<(projection::Projection, SessionState), GatewayError> {
-        let _permit = self.heavy_slot().await?;
+        let _place = self.heavy.take(&job.share).await;
         let shared = Arc::clone(self);
         let planned = super::heavy::run(move || {
             let view = job
@@ -503,6 +514,8 @@ struct Planning {
     route: crate::config::RouteConfig,
     read_tool: String,
     state: SessionState,
+    /// Whose turn it takes on the heavy pool.
+    share: Tenant,
 }
 
 /// The read tool's name in this request: the route's, with a suffix when a client tool has that

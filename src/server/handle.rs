@@ -104,6 +104,30 @@ pub(super) struct Context {
     pub(super) family: Family,
     pub(super) dialect: &'static str,
     pub(super) route: String,
+    /// The source address of the connection, if known.
+    pub(super) peer: Option<std::net::IpAddr>,
+    /// Whose share the request counts against, once known (`[limits]`: before its body).
+    pub(super) share: Option<Tenant>,
+}
+
+impl super::Shared {
+    /// Whose share a request counts against: its credential's tenant; without one, the route's
+    /// named tenant, else its source address's.
+    pub(super) fn share_of(
+        &self,
+        headers: &http::HeaderMap,
+        family: Family,
+        peer: Option<std::net::IpAddr>,
+    ) -> Tenant {
+        Tenant::of_request(headers)
+            .or_else(|| {
+                self.routes
+                    .select_family(family)
+                    .and_then(|r| r.tenant.clone())
+            })
+            .or_else(|| peer.map(Tenant::of_address))
+            .unwrap_or_else(Tenant::anonymous)
+    }
 }
 
 impl App {
@@ -126,21 +150,17 @@ impl App {
                 .map_or_else(|| Family::of_request(path, req.headers()), Dialect::family),
             dialect: dialect.map_or("passthrough", Dialect::as_str),
             route: String::new(),
+            peer: peer.ip,
+            share: None,
         };
         let mut inflight = InFlight::new(&self.metrics, ctx.dialect, start);
         let api = endpoint.is_some() || Family::is_api_path(path);
         let admitted = match &self.tenants {
-            _ if peer.over_cap => {
-                self.metrics
-                    .tenant_rejected_total
-                    .with_label_values(&["address"])
-                    .inc();
-                Err(GatewayError::TenantLimited {
-                    limit: "address",
-                    retry_after: 1,
-                })
-            }
-            Some(tenants) if api => self.admit(tenants, &req, &ctx, peer.ip).map(Some),
+            _ if peer.over_cap => Err(GatewayError::TenantLimited {
+                limit: "address",
+                retry_after: 1,
+            }),
+            Some(tenants) if api => self.admit(tenants, &req, &mut ctx).map(Some),
             _ => Ok(None),
         };
         let result = if let Err(refused) = admitted {
@@ -197,31 +217,16 @@ impl App {
     }
 
     /// A request's place in its tenant's share, taken before its body is read (`[limits]`).
-    /// The tenant is the credential's; without one, the route's named tenant, else the source
-    /// address's.
     fn admit(
         &self,
         tenants: &super::tenants::Tenants,
         req: &Request<Incoming>,
-        ctx: &Context,
-        peer: Option<std::net::IpAddr>,
+        ctx: &mut Context,
     ) -> Result<super::tenants::Admitted, GatewayError> {
-        let tenant = Tenant::of_request(req.headers())
-            .or_else(|| {
-                self.routes
-                    .select_family(ctx.family)
-                    .and_then(|r| r.tenant.clone())
-            })
-            .or_else(|| peer.map(Tenant::of_address))
-            .unwrap_or_else(Tenant::anonymous);
-        tenants.admit(&tenant, Instant::now()).inspect_err(|e| {
-            if let GatewayError::TenantLimited { limit, .. } = e {
-                self.metrics
-                    .tenant_rejected_total
-                    .with_label_values(&[limit])
-                    .inc();
-            }
-        })
+        let tenant = self.share_of(req.headers(), ctx.family, ctx.peer);
+        let admitted = tenants.admit(&tenant, Instant::now());
+        ctx.share = Some(tenant);
+        admitted
     }
 
     pub(super) fn error_response(&self, ctx: &Context, err: &GatewayError) -> Response<Body> {
@@ -240,10 +245,25 @@ impl App {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let GatewayError::TenantLimited { retry_after, .. } = err {
-            response
-                .headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        if let GatewayError::TenantLimited { limit, retry_after } = err {
+            self.metrics
+                .tenant_rejected_total
+                .with_label_values(&[limit])
+                .inc();
+            let headers = response.headers_mut();
+            headers.insert(http::header::RETRY_AFTER, HeaderValue::from(*retry_after));
+            let limits = &self.config.limits;
+            let requests = match *limit {
+                "concurrency" => Some(u64::from(limits.tenant_concurrency)),
+                "rate" => Some(limits.burst() as u64),
+                _ => None,
+            };
+            if let Some(requests) = requests {
+                let reset = std::time::SystemTime::now()
+                    + std::time::Duration::from_secs(*retry_after);
+                ctx.family
+                    .rate_limit_headers(headers, requests, *retry_after, reset);
+            }
         }
         if matches!(err, GatewayError::Overloaded) {
             // Bodies in flight are answered within seconds; come back after that.

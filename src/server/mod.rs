@@ -12,7 +12,9 @@
 //! - `endpoints.rs`: `/v1/sluice/*` on the proxy listener; health, readiness, metrics.
 //! - `sessions.rs`: the inspector's session API and its page, `/sluice/ui`.
 //! - `body.rs`: request bodies (limits, pacing, decoding).
-//! - `heavy.rs`: the lower-priority threads CPU-heavy projection runs on.
+//! - `heavy.rs`: the lower-priority threads CPU-heavy projection runs on; `fair.rs`: their
+//!   places, given in turn across tenants.
+//! - `busiest.rs`: which tenants get their own label in the per-tenant gauge.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,6 +45,8 @@ mod commit;
 mod endpoints;
 mod front;
 mod handle;
+mod busiest;
+mod fair;
 mod heavy;
 mod pipeline;
 mod relay;
@@ -132,7 +136,8 @@ struct Shared {
     /// One permit per CPU-heavy projection running on the heavy pool (`heavy.rs`):
     /// `worker_threads` − 1, at least one, so a core is left to the I/O threads. Images
     /// decoded, checked and downscaled, large outputs paged and hashed.
-    heavy: Arc<tokio::sync::Semaphore>,
+    /// Given in turn across tenants (`fair.rs`).
+    heavy: Arc<fair::FairPlaces>,
     /// Turn records, when `[inspector] enabled` (docs/inspector.md).
     inspector: Option<Arc<crate::inspect::Inspector>>,
     /// Per-tenant shares, when `[limits]` sets any (`tenants.rs`).
@@ -263,7 +268,11 @@ impl Server {
                 message: "is not a valid HTTP header name".into(),
             })?;
         let balance = Balance::from_env();
-        let tenants = tenants::Tenants::new(&config.limits);
+        let tenants = tenants::Tenants::new(
+            &config.limits,
+            (config.max_inflight_body_bytes, config.max_body_bytes),
+            metrics.tenant_inflight_requests.clone(),
+        );
         let addresses = tenants::Addresses::new(&config.limits);
         let proxy = listen(proxy_addr, balance == Balance::ReusePort).map_err(|source| {
             StartError::Bind {
@@ -307,7 +316,7 @@ impl Server {
                     .build(),
                 connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
                 body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
-                heavy: Arc::new(tokio::sync::Semaphore::new(heavy)),
+                heavy: fair::FairPlaces::new(heavy),
                 inspector,
                 tenants,
                 addresses,

@@ -9,7 +9,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::dialect::completion::Completion;
 use crate::dialect::Endpoint;
@@ -25,7 +24,7 @@ use crate::upstream;
 use super::commit::{Commit, Written};
 use super::front::{Ask, Front};
 use super::{
-    decode_body, read_body, rounds, App, Body, Context, InFlight, NOTHING_PROJECTED, PROJECTION,
+    body::BodyRoom, decode_body, read_body, rounds, App, Body, Context, InFlight, NOTHING_PROJECTED, PROJECTION,
 };
 
 impl App {
@@ -61,7 +60,10 @@ impl App {
         let dialect = endpoint.dialect;
         dialect.normalise_head(&mut parts);
         // The body's share of max_inflight_body_bytes, held until the response is produced.
-        let (body, received, _room) = self.read(&mut parts.headers, incoming).await?;
+        let tenant_room = inflight.admitted.as_ref().map(|a| a.body_room().clone());
+        let (body, received, _room) = self
+            .read(&mut parts.headers, incoming, tenant_room)
+            .await?;
         let read_at = Instant::now();
         let ask = Ask {
             dialect,
@@ -69,6 +71,8 @@ impl App {
             headers: &parts.headers,
             request_id: &ctx.request_id,
             received: received.as_ref(),
+            share: ctx.share.as_ref(),
+            peer: ctx.peer,
         };
         let front = self.shared.front(ask, &body).await?;
         let Front {
@@ -191,13 +195,15 @@ impl App {
         &self,
         headers: &mut http::HeaderMap,
         incoming: Incoming,
-    ) -> Result<(Bytes, Option<Received>, Option<OwnedSemaphorePermit>), GatewayError> {
+        tenant_room: Option<Arc<tokio::sync::Semaphore>>,
+    ) -> Result<(Bytes, Option<Received>, Option<BodyRoom>), GatewayError> {
         let coding = Coding::of(headers).map_err(GatewayError::UnsupportedEncoding)?;
         let limit = self.config.max_body_bytes;
         let timeout = self.config.request_body_timeout();
         let as_text = coding == Coding::Identity;
         let (mut body, received, room) =
-            read_body(incoming, headers, limit, timeout, &self.body_room, as_text).await?;
+            read_body(incoming, headers, limit, timeout, (&self.body_room, tenant_room), as_text)
+                .await?;
         if coding != Coding::Identity {
             body = decode_body(body, coding, limit).await?;
             headers.remove(http::header::CONTENT_ENCODING);

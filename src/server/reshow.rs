@@ -58,8 +58,9 @@ impl App {
         room: &mut MediaRoom,
         id: ArtifactId,
         bytes: Bytes,
+        tenant: &crate::tenant::Tenant,
     ) -> (String, Option<read::Media>, &'static str) {
-        let _permit = self.heavy.clone().acquire_owned().await;
+        let _place = self.heavy.take(tenant).await;
         let mut left = *room;
         let shown = super::heavy::run(move || {
             let shown = reshow(&mut left, id, bytes);

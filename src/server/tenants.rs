@@ -1,7 +1,9 @@
 //! Per-tenant shares of the gateway (`[limits]`, docs/reliability.md "Tenants"): requests in
-//! flight and a token-bucket request rate, per credential. A request over its tenant's share is
-//! refused with 429 and `retry-after` before its body is read, so what it would have held
-//! (body room, the heavy pool, upstream connections) stays with the others.
+//! flight, a token-bucket request rate and buffered body bytes, per credential. A request over
+//! its tenant's share is refused with 429 and `retry-after` before its body is read (for body
+//! bytes: as soon as its declared length, or its next chunk, would pass the share), so what it
+//! would have held (body room, the heavy pool, upstream connections) stays with the others.
+//! Places on the heavy pool are shared in turn across tenants (`fair.rs`).
 //!
 //! Before a tenant is known (its headers still arriving), connections are capped per source
 //! address (`address_connections`): one address cannot take every place under `max_connections`.
@@ -18,6 +20,8 @@ use crate::config::LimitsConfig;
 use crate::error::GatewayError;
 use crate::tenant::Tenant;
 
+use super::busiest::Busiest;
+
 /// Tenants remembered at once; a quiet one is forgotten after [`IDLE`], and one forgotten while
 /// busy starts afresh (its requests in flight still end on the entry they hold).
 const TENANTS: u64 = 100_000;
@@ -26,48 +30,84 @@ const IDLE: Duration = Duration::from_secs(600);
 const CONCURRENCY_RETRY_SECONDS: u64 = 1;
 
 /// One tenant's use of its share.
-#[derive(Default)]
 struct Share {
     inflight: AtomicU32,
     /// Tokens left and when they were last counted (`None`: never, a full bucket).
     bucket: Mutex<Option<(f64, Instant)>>,
+    /// One permit per body byte the tenant may hold buffered (`tenant_inflight_body_bytes`).
+    body: Arc<tokio::sync::Semaphore>,
 }
 
 /// Every tenant's share, when any limit is set.
 pub(super) struct Tenants {
     limits: LimitsConfig,
+    /// Permits in each tenant's body room.
+    body_share: usize,
     shares: moka::sync::Cache<Tenant, Arc<Share>>,
+    busiest: Arc<Busiest>,
 }
 
 /// A request's place in its tenant's share, given back when dropped (at the end of the
 /// response body).
-pub(super) struct Admitted(Arc<Share>);
+pub(super) struct Admitted {
+    share: Arc<Share>,
+    busiest: Arc<Busiest>,
+    label: Arc<str>,
+}
+
+impl Admitted {
+    /// The tenant's room for buffered body bytes, taken before the gateway-wide one.
+    pub(super) fn body_room(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.share.body
+    }
+}
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.share.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.busiest.leave(&self.label);
     }
 }
 
 impl Tenants {
     /// `None` when `[limits]` sets no per-tenant limit: requests skip the table entirely.
-    pub(super) fn new(limits: &LimitsConfig) -> Option<Tenants> {
+    /// `body_bytes`: the gateway's `max_inflight_body_bytes` and `max_body_bytes`.
+    pub(super) fn new(
+        limits: &LimitsConfig,
+        body_bytes: (u64, u64),
+        gauge: prometheus::IntGaugeVec,
+    ) -> Option<Tenants> {
+        let share = limits.body_share(body_bytes.0, body_bytes.1);
         limits.any().then(|| Tenants {
             limits: limits.clone(),
+            body_share: usize::try_from(share)
+                .unwrap_or(usize::MAX)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
             shares: moka::sync::Cache::builder()
                 .max_capacity(TENANTS)
                 .time_to_idle(IDLE)
                 .build(),
+            busiest: Arc::new(Busiest::new(gauge)),
         })
     }
 
     /// Admits one request of `tenant` now, or says which share it is over and when to retry.
     pub(super) fn admit(&self, tenant: &Tenant, now: Instant) -> Result<Admitted, GatewayError> {
-        let share = self.shares.get_with_by_ref(tenant, Default::default);
+        let share = self.shares.get_with_by_ref(tenant, || {
+            Arc::new(Share {
+                inflight: AtomicU32::new(0),
+                bucket: Mutex::new(None),
+                body: Arc::new(tokio::sync::Semaphore::new(self.body_share)),
+            })
+        });
         let max = self.limits.tenant_concurrency;
         let before = share.inflight.fetch_add(1, Ordering::AcqRel);
         // From here the place is held; dropping it gives it back on every refusal below.
-        let admitted = Admitted(share);
+        let admitted = Admitted {
+            share,
+            busiest: self.busiest.clone(),
+            label: self.busiest.enter(tenant, now),
+        };
         if max > 0 && before >= max {
             return Err(GatewayError::TenantLimited {
                 limit: "concurrency",
@@ -77,7 +117,7 @@ impl Tenants {
         let rate = self.limits.tenant_requests_per_second;
         if rate > 0.0 {
             let mut bucket = admitted
-                .0
+                .share
                 .bucket
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -173,6 +213,12 @@ mod tests {
         }
     }
 
+    fn table(limits: &LimitsConfig) -> Option<Tenants> {
+        let gauge =
+            prometheus::IntGaugeVec::new(prometheus::Opts::new("t", "t"), &["tenant"]).unwrap();
+        Tenants::new(limits, (256 << 20, 32 << 20), gauge)
+    }
+
     fn limit(r: Result<Admitted, GatewayError>) -> Option<&'static str> {
         match r {
             Ok(_) => None,
@@ -185,7 +231,7 @@ mod tests {
     /// not; a place given back admits the next.
     #[test]
     fn concurrency_is_counted_per_tenant_and_given_back() {
-        let tenants = Tenants::new(&limits(4, 0.0, 0)).unwrap();
+        let tenants = table(&limits(4, 0.0, 0)).unwrap();
         let (a, b) = (Tenant::from_credential(b"a"), Tenant::from_credential(b"b"));
         let now = Instant::now();
         let held: Vec<Admitted> = (0..4).map(|_| tenants.admit(&a, now).unwrap()).collect();
@@ -193,14 +239,14 @@ mod tests {
         assert_eq!(limit(tenants.admit(&b, now)), None);
         drop(held);
         assert_eq!(limit(tenants.admit(&a, now)), None);
-        assert!(Tenants::new(&limits(0, 0.0, 0)).is_none());
+        assert!(table(&limits(0, 0.0, 0)).is_none());
     }
 
     /// SPEC 9.1 `tenant_requests_per_second` and `tenant_burst`: a full bucket admits the burst
     /// at once, then one request per 1/rate seconds; a refusal says when to come back.
     #[test]
     fn the_rate_is_a_token_bucket() {
-        let tenants = Tenants::new(&limits(0, 2.0, 3)).unwrap();
+        let tenants = table(&limits(0, 2.0, 3)).unwrap();
         let a = Tenant::from_credential(b"a");
         let t0 = Instant::now();
         for _ in 0..3 {
