@@ -57,6 +57,8 @@ pub struct Metrics {
     pub connections_open: IntGauge,
     /// Client connections closed by sluice after `max_requests_per_connection` requests.
     pub connections_recycled_total: IntCounter,
+    /// Idle client connections closed at `max_connections` to make room for a new one.
+    pub connections_shed_total: IntCounter,
     /// Relayed `text/event-stream` bodies by how they ended, recorded at the end.
     pub streams_total: IntCounterVec,
     /// sluice's own error responses by kind.
@@ -319,6 +321,11 @@ impl Metrics {
             "Client connections whose last answer said connection: close, after max_requests_per_connection requests.",
         )?;
         registry.register(Box::new(connections_recycled_total.clone()))?;
+        let connections_shed_total = IntCounter::new(
+            "sluice_connections_shed_total",
+            "Idle client connections closed at max_connections to make room for a new one (the one idle the longest first).",
+        )?;
+        registry.register(Box::new(connections_shed_total.clone()))?;
         registry.register(Box::new(streams_total.clone()))?;
         registry.register(Box::new(errors_total.clone()))?;
         registry.register(Box::new(tenant_rejected_total.clone()))?;
@@ -438,6 +445,7 @@ impl Metrics {
             inflight_requests,
             connections_open,
             connections_recycled_total,
+            connections_shed_total,
             streams_total,
             errors_total,
             tenant_rejected_total,

@@ -297,3 +297,42 @@ async fn a_tenant_holding_its_body_share_gets_429_and_another_tenant_is_served()
     }
     assert_eq!(status, 200);
 }
+
+/// Connections past `max_connections` (docs/reliability.md "Tenants"): at the cap, a newcomer is
+/// served at once and the connection idle the longest is closed for it, not the newer idle
+/// one; without shedding the newcomer would wait in the listen queue for as long as the idle
+/// clients keep their connections.
+#[tokio::test]
+async fn at_the_connection_cap_the_oldest_idle_connection_makes_room() {
+    use tokio::io::AsyncReadExt;
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config_for(&mock.base_url(), "max_connections = 2"));
+    let url = sluice.url("");
+    let addr = url.trim_start_matches("http://");
+    let mut oldest = hold_connection(addr).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut newer = hold_connection(addr).await;
+    let served = tokio::time::timeout(
+        Duration::from_secs(10),
+        send(&sluice, MESSAGES, "sk-new", &messages(false)),
+    )
+    .await
+    .expect("the newcomer is served without waiting for the idle clients");
+    assert_eq!(served.status(), 200);
+    // The oldest idle connection was closed: what is left of its answer, then the end.
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), oldest.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(_))), "the oldest idle connection is closed");
+    // The newer one is still open: the rest of its answer, then no end.
+    let mut byte = [0u8; 256];
+    let open = loop {
+        match tokio::time::timeout(Duration::from_millis(300), newer.read(&mut byte)).await {
+            Err(_) => break true,
+            Ok(Ok(0)) | Ok(Err(_)) => break false,
+            Ok(Ok(_)) => continue,
+        }
+    };
+    assert!(open, "the newer idle connection is kept");
+    let m = sluice.metrics().await;
+    assert_eq!(metric(&m, "sluice_connections_shed_total"), 1.0);
+}

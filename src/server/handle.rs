@@ -24,6 +24,8 @@ pub(super) struct InFlight {
     pub(super) start: Instant,
     /// The request's place in its tenant's share (`[limits]`), given back with the rest.
     pub(super) admitted: Option<super::tenants::Admitted>,
+    /// Its connection is busy until then.
+    pub(super) busy: Option<super::shed::Busy>,
 }
 
 impl InFlight {
@@ -34,6 +36,7 @@ impl InFlight {
             dialect,
             start,
             admitted: None,
+            busy: None,
         }
     }
 }
@@ -74,18 +77,24 @@ pub(super) fn upstream_uri(
     })
 }
 
-/// Where a request came from: its source address, and whether that address was already holding
-/// its `address_connections` when this connection came (then every request on it is refused).
-#[derive(Clone, Copy)]
+/// Where a request came from: its source address, its connection (busy while the request is
+/// in flight, `shed.rs`), and whether that address was already holding its
+/// `address_connections` when this connection came (then every request on it is refused).
+#[derive(Clone)]
 pub(super) struct Peer {
     ip: Option<std::net::IpAddr>,
+    connection: Option<Arc<super::shed::Connection>>,
     over_cap: bool,
 }
 
 impl Peer {
-    pub(super) fn served(ip: Option<std::net::IpAddr>) -> Peer {
+    pub(super) fn served(
+        ip: Option<std::net::IpAddr>,
+        connection: &Arc<super::shed::Connection>,
+    ) -> Peer {
         Peer {
             ip,
+            connection: Some(connection.clone()),
             over_cap: false,
         }
     }
@@ -93,6 +102,7 @@ impl Peer {
     pub(super) fn refused() -> Peer {
         Peer {
             ip: None,
+            connection: None,
             over_cap: true,
         }
     }
@@ -154,6 +164,7 @@ impl App {
             share: None,
         };
         let mut inflight = InFlight::new(&self.metrics, ctx.dialect, start);
+        inflight.busy = peer.connection.as_ref().map(super::shed::Connection::enter);
         let api = endpoint.is_some() || Family::is_api_path(path);
         let admitted = match &self.tenants {
             _ if peer.over_cap => Err(GatewayError::TenantLimited {

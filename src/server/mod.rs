@@ -14,6 +14,7 @@
 //! - `body.rs`: request bodies (limits, pacing, decoding).
 //! - `heavy.rs`: the lower-priority threads CPU-heavy projection runs on; `fair.rs`: their
 //!   places, given in turn across tenants.
+//! - `shed.rs`: at `max_connections`, the connection idle the longest closes for a newcomer.
 //! - `busiest.rs`: which tenants get their own label in the per-tenant gauge.
 
 use std::future::Future;
@@ -41,18 +42,19 @@ use crate::store::{Artifacts, Backend};
 use crate::upstream::{BoxError, Upstream};
 
 mod body;
+mod busiest;
 mod commit;
 mod endpoints;
+mod fair;
 mod front;
 mod handle;
-mod busiest;
-mod fair;
 mod heavy;
 mod pipeline;
 mod relay;
 mod reshow;
 mod rounds;
 mod sessions;
+mod shed;
 mod tenants;
 mod workers;
 
@@ -131,6 +133,8 @@ struct Shared {
     landing: moka::sync::Cache<String, tokio::sync::watch::Receiver<bool>>,
     /// One permit per client connection served (`max_connections`).
     connections: Arc<tokio::sync::Semaphore>,
+    /// The served connections, the idle ones shed oldest first at the cap (`shed.rs`).
+    registry: Arc<shed::Registry>,
     /// One permit per request body byte buffered (`max_inflight_body_bytes`).
     body_room: Arc<tokio::sync::Semaphore>,
     /// One permit per CPU-heavy projection running on the heavy pool (`heavy.rs`):
@@ -315,6 +319,7 @@ impl Server {
                     .time_to_live(std::time::Duration::from_secs(10))
                     .build(),
                 connections: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+                registry: shed::Registry::new(),
                 body_room: Arc::new(tokio::sync::Semaphore::new(body_room)),
                 heavy: fair::FairPlaces::new(heavy),
                 inspector,

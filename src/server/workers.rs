@@ -230,7 +230,7 @@ enum Next {
 impl Feed {
     async fn next(&mut self, app: &App) -> Next {
         match self {
-            Feed::Listener(listener) => accept(listener, &app.connections).await,
+            Feed::Listener(listener) => accept(listener, app).await,
             Feed::Handed(handed) => match handed.recv().await {
                 Some((stream, permit)) => match tokio::net::TcpStream::from_std(stream) {
                     Ok(stream) => Next::Connection(stream, permit),
@@ -264,7 +264,7 @@ pub(super) async fn acceptor(
     let mut turn = 0usize;
     loop {
         let next = tokio::select! {
-            next = accept(&listener, &shared.connections) => next,
+            next = accept(&listener, &shared) => next,
             _ = stop.wait_for(|stop| *stop) => return,
         };
         let (stream, permit) = match next {
@@ -292,16 +292,43 @@ pub(super) async fn acceptor(
     }
 }
 
-/// The next connection on `listener`, once it has its place under `max_connections`: at the
-/// cap, nothing is accepted and new connections wait in the listen queue instead of failing for
-/// want of file descriptors. A failed accept is backed off.
-async fn accept(listener: &TcpListener, connections: &Arc<tokio::sync::Semaphore>) -> Next {
-    let Ok(permit) = connections.clone().acquire_owned().await else {
-        return Next::Closed;
+/// The next connection on `listener`, once it has its place under `max_connections`. At the
+/// cap, a connection that arrives is accepted and the connection idle the longest is closed to
+/// make room for it (`shed.rs`); with none idle it waits for a place, and those behind it wait
+/// in the listen queue instead of failing for want of file descriptors. A failed accept is
+/// backed off.
+async fn accept(listener: &TcpListener, shared: &Shared) -> Next {
+    let connections = &shared.connections;
+    let free = match connections.clone().try_acquire_owned() {
+        Ok(permit) => Some(permit),
+        Err(tokio::sync::TryAcquireError::Closed) => return Next::Closed,
+        Err(tokio::sync::TryAcquireError::NoPermits) => None,
     };
-    match listener.accept().await {
+    let (accepted, permit) = match free {
+        Some(permit) => (listener.accept().await, permit),
+        None => tokio::select! {
+            permit = connections.clone().acquire_owned() => {
+                let Ok(permit) = permit else {
+                    return Next::Closed;
+                };
+                (listener.accept().await, permit)
+            }
+            // Cancel-safe: a connection not taken stays in the queue.
+            accepted = listener.accept() => {
+                if accepted.is_ok() && shared.registry.shed_oldest_idle() {
+                    shared.metrics.connections_shed_total.inc();
+                }
+                let Ok(permit) = connections.clone().acquire_owned().await else {
+                    return Next::Closed;
+                };
+                (accepted, permit)
+            }
+        },
+    };
+    match accepted {
         Ok((stream, _)) => Next::Connection(stream, permit),
         Err(e) => {
+            drop(permit);
             accept_error(e).await;
             Next::Retry
         }
@@ -342,22 +369,27 @@ pub(super) fn serve_proxy(
     let app = app.clone();
     let open = app.metrics.connections_open.clone();
     open.inc();
+    let registered = app.registry.register();
+    let connection = registered.connection.clone();
+    let shed = connection.clone();
     let slot = ConnectionSlot {
         _permit: permit,
         _address: address,
+        _registered: registered,
         open,
         load,
         recycle: Recycle::after(app.config.max_requests_per_connection),
     };
     // The handler lives as long as the connection, and the slot with it.
-    serve(tasks, graceful, stream, move |req| {
+    serve(tasks, graceful, stream, Some(shed), move |req| {
         let recycled = slot
             .recycle
             .is_last(req.version())
             .then(|| app.metrics.connections_recycled_total.clone());
         let app = app.clone();
+        let peer = Peer::served(peer, &connection);
         async move {
-            let mut response = app.handle(req, Peer::served(peer)).await;
+            let mut response = app.handle(req, peer).await;
             let Some(recycled) = recycled else {
                 return response;
             };
@@ -437,6 +469,8 @@ pub(super) struct ConnectionSlot {
     _permit: tokio::sync::OwnedSemaphorePermit,
     /// Held for its drop: the place under the source address's cap.
     _address: Option<super::tenants::AddressSlot>,
+    /// Held for its drop: the connection's entry among those that may be shed.
+    _registered: super::shed::Registered,
     open: prometheus::IntGauge,
     /// The serving worker's connection count, which the acceptor balances by.
     load: Arc<AtomicUsize>,
@@ -475,17 +509,19 @@ pub(super) fn serve_admin(
     stream: tokio::net::TcpStream,
 ) {
     let shared = shared.clone();
-    serve(tasks, graceful, stream, move |req| {
+    serve(tasks, graceful, stream, None, move |req| {
         let shared = shared.clone();
         async move { shared.admin(&req).await }
     });
 }
 
-/// Serves one connection (HTTP/1.1 or h2c) on a tracked task, watched for graceful shutdown.
+/// Serves one connection (HTTP/1.1 or h2c) on a tracked task, watched for graceful shutdown;
+/// `shed`: the connection may be closed while idle to make room at the cap (`shed.rs`).
 pub(super) fn serve<H, F>(
     tasks: &TaskTracker,
     graceful: &GracefulShutdown,
     stream: tokio::net::TcpStream,
+    shed: Option<Arc<super::shed::Connection>>,
     handler: H,
 ) where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
@@ -506,8 +542,27 @@ pub(super) fn serve<H, F>(
             async move { Ok::<_, Infallible>(response.await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
-        if let Err(e) = watcher.watch(conn).await {
-            tracing::debug!(error = %e, "connection ended with an error");
+        let mut served = std::pin::pin!(watcher.watch(conn));
+        loop {
+            let chosen = async {
+                match &shed {
+                    Some(connection) => connection.chosen().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ended = &mut served => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                // Idle, with no request in flight: closing it loses nothing. A request that
+                // came meanwhile keeps it, and it may be chosen again later.
+                idle = chosen => if idle {
+                    return;
+                },
+            }
         }
     });
 }
