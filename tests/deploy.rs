@@ -140,9 +140,12 @@ async fn fail_and_succeed(sluice: &Sluice) -> (u16, u16) {
 #[ignore = "needs promtool (Debian package prometheus); run by .ci/run"]
 async fn live_metrics_pass_promtool_and_cover_rules_and_dashboard() {
     let mock = MockUpstream::start();
-    // The context guard and the inspector on, so their series are exposed too.
+    // The context guard, the inspector and a tenant share on, so their series are exposed too.
     let guarded = guard_routes(
-        &config_for(&mock.base_url(), "[inspector]\nenabled = true\n"),
+        &config_for(
+            &mock.base_url(),
+            "[inspector]\nenabled = true\n[limits]\ntenant_concurrency = 1000\n",
+        ),
         "window_tokens = 1000000\n",
     );
     let sluice = Sluice::start(&guarded);

@@ -51,7 +51,9 @@ pub(super) struct Busiest {
 }
 
 impl Busiest {
+    /// `other` is there from the start, at zero, so the gauge is exported before any request.
     pub(super) fn new(gauge: IntGaugeVec) -> Busiest {
+        gauge.with_label_values(&[OTHER]);
         Busiest {
             gauge,
             state: Mutex::new(State {
