@@ -258,23 +258,29 @@ async fn a_tenant_holding_its_body_share_gets_429_and_another_tenant_is_served()
     )
     .await
     .unwrap();
+    // Its head read, it is in flight, and its share was taken in the same step: from here no
+    // other body of the tenant can take part of the share first.
+    let mut admitted = false;
+    for _ in 0..200 {
+        let m = sluice.metrics().await;
+        if metric(&m, "sluice_tenant_inflight_requests{tenant=\"") == 1.0 {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(admitted, "the slow body is in flight");
     let padded = |n: usize| {
         let mut body = messages(false);
         body["metadata"] = json!({"user_id": "x".repeat(n)});
         body
     };
-    let mut refused = None;
-    for _ in 0..50 {
-        let resp = send(&sluice, MESSAGES, "sk-big", &padded(300_000)).await;
-        if resp.status() == 429 {
-            refused = Some(resp);
-            break;
-        }
-        // The slow body's head has not been read yet: try again.
-        assert_eq!(resp.status(), 200);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let refused = refused.expect("a body past the tenant's share is refused");
+    let refused = send(&sluice, MESSAGES, "sk-big", &padded(300_000)).await;
+    assert_eq!(
+        refused.status(),
+        429,
+        "a body past the tenant's share is refused"
+    );
     assert_eq!(retry_after(&refused), 1);
     let v: Value = refused.json().await.unwrap();
     assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
@@ -322,7 +328,10 @@ async fn at_the_connection_cap_the_oldest_idle_connection_makes_room() {
     // The oldest idle connection was closed: what is left of its answer, then the end.
     let mut rest = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), oldest.read_to_end(&mut rest)).await;
-    assert!(matches!(read, Ok(Ok(_))), "the oldest idle connection is closed");
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "the oldest idle connection is closed"
+    );
     // The newer one is still open: the rest of its answer, then no end.
     let mut byte = [0u8; 256];
     let open = loop {

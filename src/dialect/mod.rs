@@ -320,7 +320,10 @@ impl Family {
                 time::OffsetDateTime::from(at)
                     .replace_nanosecond(0)
                     .ok()
-                    .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+                    .and_then(|t| {
+                        t.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    })
                     .and_then(|t| HeaderValue::from_str(&t).ok()),
             ),
             Family::Google => return,

@@ -112,7 +112,10 @@ pub(super) async fn read_body(
     headers: &http::HeaderMap,
     limit: u64,
     timeout: Duration,
-    (room, tenant_room): (&Arc<tokio::sync::Semaphore>, Option<Arc<tokio::sync::Semaphore>>),
+    (room, tenant_room): (
+        &Arc<tokio::sync::Semaphore>,
+        Option<Arc<tokio::sync::Semaphore>>,
+    ),
     as_text: bool,
 ) -> Result<(Bytes, Option<Received>, Option<BodyRoom>), GatewayError> {
     let declared = headers

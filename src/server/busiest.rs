@@ -211,7 +211,12 @@ mod tests {
             busiest.leave(&l);
         }
         let state = busiest.state.lock().unwrap();
-        let count = state.counted.iter().find(|c| c.tenant == old).unwrap().count;
+        let count = state
+            .counted
+            .iter()
+            .find(|c| c.tenant == old)
+            .unwrap()
+            .count;
         assert!(count < 10, "{count}");
         drop(state);
         let _ = busiest.enter(&Tenant::from_credential(b"new"), later);

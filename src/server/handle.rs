@@ -270,8 +270,8 @@ impl App {
                 _ => None,
             };
             if let Some(requests) = requests {
-                let reset = std::time::SystemTime::now()
-                    + std::time::Duration::from_secs(*retry_after);
+                let reset =
+                    std::time::SystemTime::now() + std::time::Duration::from_secs(*retry_after);
                 ctx.family
                     .rate_limit_headers(headers, requests, *retry_after, reset);
             }

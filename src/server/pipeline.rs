@@ -24,7 +24,8 @@ use crate::upstream;
 use super::commit::{Commit, Written};
 use super::front::{Ask, Front};
 use super::{
-    body::BodyRoom, decode_body, read_body, rounds, App, Body, Context, InFlight, NOTHING_PROJECTED, PROJECTION,
+    body::BodyRoom, decode_body, read_body, rounds, App, Body, Context, InFlight,
+    NOTHING_PROJECTED, PROJECTION,
 };
 
 impl App {
@@ -61,9 +62,7 @@ impl App {
         dialect.normalise_head(&mut parts);
         // The body's share of max_inflight_body_bytes, held until the response is produced.
         let tenant_room = inflight.admitted.as_ref().map(|a| a.body_room().clone());
-        let (body, received, _room) = self
-            .read(&mut parts.headers, incoming, tenant_room)
-            .await?;
+        let (body, received, _room) = self.read(&mut parts.headers, incoming, tenant_room).await?;
         let read_at = Instant::now();
         let ask = Ask {
             dialect,
@@ -201,9 +200,15 @@ impl App {
         let limit = self.config.max_body_bytes;
         let timeout = self.config.request_body_timeout();
         let as_text = coding == Coding::Identity;
-        let (mut body, received, room) =
-            read_body(incoming, headers, limit, timeout, (&self.body_room, tenant_room), as_text)
-                .await?;
+        let (mut body, received, room) = read_body(
+            incoming,
+            headers,
+            limit,
+            timeout,
+            (&self.body_room, tenant_room),
+            as_text,
+        )
+        .await?;
         if coding != Coding::Identity {
             body = decode_body(body, coding, limit).await?;
             headers.remove(http::header::CONTENT_ENCODING);

@@ -403,7 +403,10 @@ impl App {
                     // This request's own images are written while it is forwarded.
                     job.commit.written().await;
                     match self.artifacts.get(&job.tenant, &id).await {
-                        Ok(Some(bytes)) => self.reshow_off_thread(&mut job.images, id, bytes, &job.tenant).await,
+                        Ok(Some(bytes)) => {
+                            self.reshow_off_thread(&mut job.images, id, bytes, &job.tenant)
+                                .await
+                        }
                         Ok(None) => (expired(&id), None, "expired"),
                         Err(e) => store_unavailable(&e),
                     }

@@ -136,7 +136,11 @@ mod tests {
     #[tokio::test]
     async fn the_oldest_idle_connection_is_chosen_and_a_busy_one_never() {
         let registry = Registry::new();
-        let (a, b, c) = (registry.register(), registry.register(), registry.register());
+        let (a, b, c) = (
+            registry.register(),
+            registry.register(),
+            registry.register(),
+        );
         let busy = c.connection.enter();
         // b's last request ended after a's.
         a.connection.idle_since.store(10, Ordering::Relaxed);

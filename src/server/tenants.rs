@@ -183,6 +183,40 @@ impl Addresses {
     }
 }
 
+/// A connection from an address already holding `address_connections`. No tenant is known yet,
+/// so it is not served: its one request is answered 429 in its dialect's shape with
+/// `retry-after` and `connection: close`. Its head must come within two seconds and the whole
+/// answer within five, so refused connections cannot hold places under `max_connections` the
+/// way served ones may.
+pub(super) fn refuse_address(
+    app: &Arc<super::App>,
+    tasks: &tokio_util::task::TaskTracker,
+    stream: tokio::net::TcpStream,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    load: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let app = app.clone();
+    tasks.spawn(async move {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive(false)
+            .header_read_timeout(Duration::from_secs(2));
+        let service = hyper::service::service_fn(move |req| {
+            let app = app.clone();
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    app.handle(req, super::handle::Peer::refused()).await,
+                )
+            }
+        });
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        drop(permit);
+        load.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
 /// A token bucket of `burst` tokens refilled at `rate` per second: the tokens left after this
 /// request, and, when it cannot be admitted, the whole seconds until it could (at least 1).
 fn take(bucket: Option<(f64, Instant)>, now: Instant, rate: f64, burst: f64) -> (f64, Option<u64>) {

@@ -362,7 +362,7 @@ pub(super) fn serve_proxy(
     let address = match (&app.addresses, peer) {
         (Some(addresses), Some(ip)) => match addresses.open(ip) {
             Some(slot) => Some(slot),
-            None => return refuse_address(app, tasks, stream, permit, load),
+            None => return super::tenants::refuse_address(app, tasks, stream, permit, load),
         },
         _ => None,
     };
@@ -404,36 +404,6 @@ pub(super) fn serve_proxy(
             }
             response
         }
-    });
-}
-
-/// A connection from an address already holding `address_connections`. No tenant is known yet,
-/// so it is not served: its one request is answered 429 in its dialect's shape with
-/// `retry-after` and `connection: close`. Its head must come within two seconds and the whole
-/// answer within five, so refused connections cannot hold places under `max_connections` the
-/// way served ones may.
-fn refuse_address(
-    app: &Arc<App>,
-    tasks: &TaskTracker,
-    stream: tokio::net::TcpStream,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    load: Arc<AtomicUsize>,
-) {
-    let app = app.clone();
-    tasks.spawn(async move {
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .keep_alive(false)
-            .header_read_timeout(Duration::from_secs(2));
-        let service = service_fn(move |req| {
-            let app = app.clone();
-            async move { Ok::<_, Infallible>(app.handle(req, Peer::refused()).await) }
-        });
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
-        drop(permit);
-        load.fetch_sub(1, Ordering::Relaxed);
     });
 }
 
