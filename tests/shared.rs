@@ -1,6 +1,10 @@
 //! Shared mode (SPEC S1, S2; delivery-state issue): several sluice processes on one Redis serve
 //! one session interchangeably. Needs Redis on 127.0.0.1:6379 (`.ci/run` starts it) and
-//! `redis-server` on the PATH: run with `cargo test --test shared -- --ignored`.
+//! `redis-server` on the PATH: run with `cargo test --test shared -- --ignored`. With
+//! `SLUICE_TEST_REDIS_CLUSTER` set to a node of a Redis Cluster (`.ci/run` starts one of three
+//! masters and three replicas on 127.0.0.1:7000-7005) the same tests run on the cluster
+//! (`store.redis_cluster`, issue #39); the one that restarts a Redis of its own uses its own
+//! node either way.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
@@ -15,7 +19,23 @@ use common::{
 use image::ImageFormat;
 use serde_json::{json, Value};
 
-const REDIS: &str = "redis://127.0.0.1:6379/0";
+/// The Redis the tests share: one node, or a cluster's node when `SLUICE_TEST_REDIS_CLUSTER`
+/// names one.
+fn redis() -> String {
+    cluster().unwrap_or_else(|| "redis://127.0.0.1:6379/0".into())
+}
+
+fn cluster() -> Option<String> {
+    std::env::var("SLUICE_TEST_REDIS_CLUSTER")
+        .ok()
+        .filter(|url| !url.is_empty())
+}
+
+/// The `[store]` table for `redis`: on the cluster, with `redis_cluster = true`.
+fn store(redis: &str) -> String {
+    let on_cluster = cluster().is_some_and(|c| c == redis);
+    format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\nredis_cluster = {on_cluster}\n")
+}
 
 /// A config whose `[store]` table comes before the routes (TOML tables cannot repeat), with
 /// A4's batches as written (`policy = "eager"`).
@@ -25,13 +45,7 @@ fn config(mock: &MockUpstream, redis: &str) -> String {
 
 /// The same under the default (economic) policy, with `lines` on every route.
 fn economic(mock: &MockUpstream, redis: &str, lines: &str) -> String {
-    let base = common::on_every_route(
-        &config_for(
-            &mock.base_url(),
-            &format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\n"),
-        ),
-        lines,
-    );
+    let base = common::on_every_route(&config_for(&mock.base_url(), &store(redis)), lines);
     format!("{base}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n")
 }
 
@@ -93,8 +107,8 @@ async fn committed(sluice: &Sluice, n: f64) {
 async fn two_processes_serve_alternate_turns_of_one_session() {
     let mock = MockUpstream::start();
     let (a, b) = (
-        Sluice::start(&config(&mock, REDIS)),
-        Sluice::start(&config(&mock, REDIS)),
+        Sluice::start(&config(&mock, &redis())),
+        Sluice::start(&config(&mock, &redis())),
     );
     let key = format!("sk-{}", uuid::Uuid::new_v4());
     let session = uuid::Uuid::new_v4().to_string();
@@ -124,7 +138,7 @@ async fn two_processes_serve_alternate_turns_of_one_session() {
 #[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
 async fn a_cold_cache_is_seen_by_every_replica() {
     let mock = MockUpstream::start();
-    let config = economic(&mock, REDIS, "cache.ttl_seconds = 3");
+    let config = economic(&mock, &redis(), "cache.ttl_seconds = 3");
     let (a, b) = (Sluice::start(&config), Sluice::start(&config));
     let key = format!("sk-{}", uuid::Uuid::new_v4());
     let session = uuid::Uuid::new_v4().to_string();
@@ -161,8 +175,8 @@ async fn a_cold_cache_is_seen_by_every_replica() {
 async fn an_artifact_spilled_through_one_process_is_readable_through_the_other() {
     let mock = MockUpstream::start();
     let (a, b) = (
-        Sluice::start(&config(&mock, REDIS)),
-        Sluice::start(&config(&mock, REDIS)),
+        Sluice::start(&config(&mock, &redis())),
+        Sluice::start(&config(&mock, &redis())),
     );
     // The second body is over a megabyte: planned on the blocking pool, which reads and
     // writes Redis through its worker's runtime.
@@ -316,8 +330,8 @@ async fn readyz_follows_redis_and_sluice_reconnects_after_a_redis_restart() {
 async fn hidden_read_rounds_are_spliced_back_by_the_other_process() {
     let mock = MockUpstream::start();
     let (a, b) = (
-        Sluice::start(&config(&mock, REDIS)),
-        Sluice::start(&config(&mock, REDIS)),
+        Sluice::start(&config(&mock, &redis())),
+        Sluice::start(&config(&mock, &redis())),
     );
     let key = format!("sk-{}", uuid::Uuid::new_v4());
     let mut body = json!({"model": "gpt-4o", "messages": [
@@ -384,9 +398,13 @@ async fn a_long_session_keeps_a_bounded_state_in_redis() {
     use sluice::config::Lifetime;
     use sluice::projection::attach::state::{Delta, Record, Status, MAX_LINKS, MAX_RELEASED};
     use sluice::store::session::{SessionKey, SessionStore};
-    let store = sluice::store::redis::RedisStore::connect(REDIS, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let store = sluice::store::redis::RedisStore::connect(
+        &redis(),
+        cluster().is_some(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     let key = SessionKey(format!("bounded-{}", std::process::id()));
     let record = |status| Record {
         status,
@@ -440,10 +458,7 @@ async fn retired_results_are_shared_by_replicas() {
     mock.context_window(Some(12_000));
     // The guard's own edits only: no breakpoint of sluice's (docs/cache.md).
     let guarded = guard_routes(
-        &config_for(
-            &mock.base_url(),
-            &format!("[store]\nbackend = \"redis\"\nredis_url = \"{REDIS}\"\n"),
-        ),
+        &config_for(&mock.base_url(), &store(&redis())),
         "window_tokens = 12000\noutput_tokens = 1000\n[routes.cache]\nbreakpoints = \"off\"\n",
     );
     let (a, b) = (Sluice::start(&guarded), Sluice::start(&guarded));
@@ -524,7 +539,7 @@ async fn retired_results_are_shared_by_replicas() {
 #[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
 async fn turn_records_of_one_session_are_shared_by_replicas() {
     let mock = MockUpstream::start();
-    let inspected = config(&mock, REDIS).replace(
+    let inspected = config(&mock, &redis()).replace(
         "[store]",
         "[inspector]\nenabled = true\nkeep_turns = 4\n\n[store]",
     );

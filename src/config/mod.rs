@@ -158,6 +158,8 @@ pub struct StoreConfig {
     pub backend: StoreBackend,
     pub data_dir: PathBuf,
     pub redis_url: String,
+    /// `redis_url` names any node of a Redis Cluster (docs/delivery-state.md).
+    pub redis_cluster: bool,
     pub idle_ttl_seconds: u64,
 }
 
@@ -231,6 +233,7 @@ impl Default for StoreConfig {
             backend: StoreBackend::Embedded,
             data_dir: PathBuf::from("./sluice-data"),
             redis_url: "redis://127.0.0.1:6379/0".into(),
+            redis_cluster: false,
             idle_ttl_seconds: DEFAULT_IDLE_TTL_SECONDS,
         }
     }

@@ -86,7 +86,7 @@ fn now_ms() -> u64 {
 #[derive(Clone)]
 pub enum TurnStore {
     Embedded(Arc<Database>),
-    Redis(redis::aio::ConnectionManager),
+    Redis(crate::store::redis::Connection),
 }
 
 impl TurnStore {
@@ -144,9 +144,9 @@ impl TurnStore {
             TurnStore::Redis(conn) => {
                 let mut conn = conn.clone();
                 let mut get = redis::cmd("MGET");
-                get.arg(redis_key(ns, id, "head"));
+                get.arg(redis_key(&conn, ns, id, "head"));
                 if with_chains {
-                    get.arg(redis_key(ns, id, "chains"));
+                    get.arg(redis_key(&conn, ns, id, "chains"));
                 }
                 let found: Vec<Option<String>> = get.query_async(&mut conn).await.map_err(io)?;
                 let mut found = found.into_iter();
@@ -219,19 +219,19 @@ impl TurnStore {
             TurnStore::Redis(conn) => {
                 let mut conn = conn.clone();
                 let ttl = ttl.as_secs().max(1);
-                let index = format!("sluice:i:{ns}:sessions");
-                let turns = redis_key(ns, id, "turns");
+                let index = format!("sluice:i:{}:sessions", conn.slot(ns));
+                let turns = redis_key(&conn, ns, id, "turns");
                 let cutoff = now_ms().saturating_sub(ttl.saturating_mul(1000));
                 redis::pipe()
                     .atomic()
                     .cmd("SET")
-                    .arg(redis_key(ns, id, "head"))
+                    .arg(redis_key(&conn, ns, id, "head"))
                     .arg(head_json)
                     .arg("EX")
                     .arg(ttl)
                     .ignore()
                     .cmd("SET")
-                    .arg(redis_key(ns, id, "chains"))
+                    .arg(redis_key(&conn, ns, id, "chains"))
                     .arg(chains_json)
                     .arg("EX")
                     .arg(ttl)
@@ -304,7 +304,7 @@ impl TurnStore {
             TurnStore::Redis(conn) => {
                 let mut conn = conn.clone();
                 let ids: Vec<String> = redis::cmd("ZREVRANGE")
-                    .arg(format!("sluice:i:{ns}:sessions"))
+                    .arg(format!("sluice:i:{}:sessions", conn.slot(ns)))
                     .arg(0)
                     .arg(MAX_LISTED_SESSIONS as isize - 1)
                     .query_async(&mut conn)
@@ -315,7 +315,7 @@ impl TurnStore {
                 }
                 let mut mget = redis::cmd("MGET");
                 for id in &ids {
-                    mget.arg(redis_key(ns, id, "head"));
+                    mget.arg(redis_key(&conn, ns, id, "head"));
                 }
                 let found: Vec<Option<String>> = mget.query_async(&mut conn).await.map_err(io)?;
                 found
@@ -361,7 +361,7 @@ impl TurnStore {
             TurnStore::Redis(conn) => {
                 let mut conn = conn.clone();
                 let raw: Vec<String> = redis::cmd("LRANGE")
-                    .arg(redis_key(ns, id, "turns"))
+                    .arg(redis_key(&conn, ns, id, "turns"))
                     .arg(0)
                     .arg(-1)
                     .query_async(&mut conn)
@@ -409,8 +409,10 @@ impl TurnStore {
     }
 }
 
-fn redis_key(ns: &str, id: &str, what: &str) -> String {
-    format!("sluice:i:{ns}:{id}:{what}")
+/// One of a session's records; on a cluster all of a namespace's keys share its slot, so the
+/// index and the session's records are written in one transaction and read in one MGET.
+fn redis_key(conn: &crate::store::redis::Connection, ns: &str, id: &str, what: &str) -> String {
+    format!("sluice:i:{}:{id}:{what}", conn.slot(ns))
 }
 
 /// Turn keys sort in recording order: the sequence number is zero-padded.

@@ -238,9 +238,10 @@ impl Server {
                 (Backend::File(files), Sessions::Embedded(sessions))
             }
             StoreBackend::Redis => {
-                let redis = RedisStore::connect(&config.store.redis_url, ttl)
-                    .await
-                    .map_err(|e| StartError::Redis(e.to_string()))?;
+                let redis =
+                    RedisStore::connect(&config.store.redis_url, config.store.redis_cluster, ttl)
+                        .await
+                        .map_err(|e| StartError::Redis(e.to_string()))?;
                 (Backend::Redis(redis.clone()), Sessions::Redis(redis))
             }
         };

@@ -9,13 +9,23 @@
 //! (a sorted set of released identities' hashes, by when) and `sluice:s:<session>:links` (a
 //! sorted set of read-tool links, by when). A commit is one Lua script that keeps, per
 //! attachment, the furthest status, moves released ones to the set, and trims both sets to
-//! their caps: atomic, and concurrent commits of one session both land. The three keys of a
-//! session are used together, so sluice needs one Redis or Valkey, not a Cluster.
+//! their caps: atomic, and concurrent commits of one session both land.
+//!
+//! On a Redis Cluster (`store.redis_cluster`) the keys used together share a hash slot: a
+//! session's keys are `sluice:s:{<session>}…` and the inspector's `sluice:i:{<namespace>}…`,
+//! so the merge stays one atomic script on one node and nothing is CROSSSLOT; an artifact is a
+//! key of its own, spread over the slots. The cluster client follows MOVED and ASK (a reshard)
+//! and a failover, and a script is sent as EVALSHA, loaded again on a node that answers
+//! NOSCRIPT. On one node the keys stay as they were, so an upgrade keeps its sessions.
 
 use std::time::Duration;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::{ArtifactId, ArtifactStore, StoreError};
 use crate::config::Lifetime;
@@ -84,12 +94,59 @@ return retired
 /// an identity starts with its source, a tool call id or `user:`).
 const LAST_FIELD: &str = "@last";
 
+/// A connection to one Redis node (reconnecting on its own) or to a Redis Cluster (routing
+/// each command by its key's slot).
+#[derive(Clone)]
+pub enum Connection {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// `part` as the piece of a key that chooses its slot: `{part}` on a cluster, so that keys
+    /// sharing it are served by one node; unchanged on one node.
+    pub fn slot<'a>(&self, part: &'a str) -> Cow<'a, str> {
+        match self {
+            Connection::Node(_) => Cow::Borrowed(part),
+            Connection::Cluster(_) => Cow::Owned(format!("{{{part}}}")),
+        }
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Node(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Node(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct RedisStore {
     /// Session state and health checks: small, and never queued behind an artifact.
-    conn: ConnectionManager,
+    conn: Connection,
     /// Artifacts, up to tens of megabytes each.
-    blobs: ConnectionManager,
+    blobs: Connection,
     ttl: u64,
     merge: std::sync::Arc<redis::Script>,
 }
@@ -99,9 +156,43 @@ fn err(e: redis::RedisError) -> StoreError {
 }
 
 impl RedisStore {
-    /// Connects to `url`. A Redis that is down at startup is an error; one that restarts later
-    /// is reconnected to.
-    pub async fn connect(url: &str, ttl: Duration) -> Result<RedisStore, StoreError> {
+    /// Connects to `url`: one node, or with `cluster` any node of a Redis Cluster, whose other
+    /// nodes it learns from that one. A Redis that is down at startup is an error; one that
+    /// restarts later (or a master whose replica takes over) is reconnected to.
+    pub async fn connect(
+        url: &str,
+        cluster: bool,
+        ttl: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        let (conn, blobs) = match cluster {
+            true => Self::cluster(url).await?,
+            false => Self::node(url).await?,
+        };
+        Ok(RedisStore {
+            conn,
+            blobs,
+            ttl: ttl.as_secs().max(1),
+            merge: std::sync::Arc::new(redis::Script::new(MERGE)),
+        })
+    }
+
+    async fn cluster(url: &str) -> Result<(Connection, Connection), StoreError> {
+        let client = |response: u64| {
+            redis::cluster::ClusterClient::builder([url])
+                .connection_timeout(Duration::from_secs(2))
+                .response_timeout(Duration::from_secs(response))
+                .retries(3)
+                .max_retry_wait(1000)
+                .build()
+                .map_err(err)
+        };
+        let conn = client(2)?.get_async_connection().await.map_err(err)?;
+        // As on one node: artifacts have their own connections, with time for their size.
+        let blobs = client(10)?.get_async_connection().await.map_err(err)?;
+        Ok((Connection::Cluster(conn), Connection::Cluster(blobs)))
+    }
+
+    async fn node(url: &str) -> Result<(Connection, Connection), StoreError> {
         let client = redis::Client::open(url).map_err(err)?;
         let config = |response: u64| {
             ConnectionManagerConfig::new()
@@ -118,16 +209,11 @@ impl RedisStore {
         let blobs = ConnectionManager::new_with_config(client, config(10))
             .await
             .map_err(err)?;
-        Ok(RedisStore {
-            conn,
-            blobs,
-            ttl: ttl.as_secs().max(1),
-            merge: std::sync::Arc::new(redis::Script::new(MERGE)),
-        })
+        Ok((Connection::Node(conn), Connection::Node(blobs)))
     }
 
     /// The connection for small records (session state, turn records).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Connection {
         self.conn.clone()
     }
 
@@ -135,9 +221,9 @@ impl RedisStore {
         format!("sluice:a:{}:{id}", tenant.namespace())
     }
 
-    /// A session's four keys: live records, released, links, retired.
-    fn session_keys(key: &SessionKey) -> [String; 4] {
-        let records = format!("sluice:s:{}", key.0);
+    /// A session's four keys: live records, released, links, retired (one slot on a cluster).
+    fn session_keys(&self, key: &SessionKey) -> [String; 4] {
+        let records = format!("sluice:s:{}", self.conn.slot(&key.0));
         let released = format!("{records}:released");
         let links = format!("{records}:links");
         let retired = format!("{records}:retired");
@@ -225,7 +311,7 @@ impl ArtifactStore for RedisStore {
 impl SessionStore for RedisStore {
     async fn load(&self, key: &SessionKey) -> Result<SessionState, StoreError> {
         let mut conn = self.conn.clone();
-        let [records, released, links, retired] = Self::session_keys(key);
+        let [records, released, links, retired] = self.session_keys(key);
         type Scored = Vec<(String, f64)>;
         let (fields, released, links, retired): (Vec<(String, String)>, Scored, Scored, Scored) =
             redis::pipe()
@@ -276,7 +362,7 @@ impl SessionStore for RedisStore {
 
     async fn commit(&self, key: &SessionKey, delta: &Delta) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
-        let [records, released, links, retired] = Self::session_keys(key);
+        let [records, released, links, retired] = self.session_keys(key);
         let mut invocation = self.merge.key(records);
         invocation
             .key(released)
