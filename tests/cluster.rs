@@ -10,9 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{b64, client, config_for, picture, MockUpstream, Sluice};
-use image::ImageFormat;
-use serde_json::{json, Value};
+use common::{client, config_for, screenshot_turns, MockUpstream, Sluice};
 
 /// A cluster on `base`..`base + 5`, shut down when dropped.
 struct Cluster {
@@ -97,16 +95,17 @@ impl Drop for Cluster {
     }
 }
 
-/// Turn `upto` of a screenshot session (one new screenshot per turn, `recent` keeps 3).
-fn turns(upto: usize) -> Value {
-    let mut messages = vec![json!({"role": "user", "content": "watch"})];
-    for t in 1..=upto {
-        let id = format!("tu{t}");
-        messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "take_screenshot", "input": {}}]}));
-        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&picture(9 + t as u32, 9, ImageFormat::Png))}}]}]}));
-    }
-    json!({"model": "claude-x", "max_tokens": 10, "messages": messages})
+/// sluice on `cluster` in front of `mock`, `recent` keeping 3 screenshots.
+fn on_cluster(cluster: &Cluster, mock: &MockUpstream) -> Sluice {
+    let store = format!(
+        "[store]\nbackend = \"redis\"\nredis_cluster = true\n\
+         redis_url = \"redis://127.0.0.1:{}/0\"\n",
+        cluster.base
+    );
+    Sluice::start(&format!(
+        "{}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n",
+        config_for(&mock.base_url(), &store)
+    ))
 }
 
 async fn send_turn(sluice: &Sluice, turn: usize) -> u16 {
@@ -114,7 +113,7 @@ async fn send_turn(sluice: &Sluice, turn: usize) -> u16 {
         .post(sluice.url("/v1/messages"))
         .header("x-api-key", "sk-cluster")
         .header("x-sluice-session", "failover")
-        .json(&turns(turn))
+        .json(&screenshot_turns(turn))
         .send()
         .await
         .unwrap()
@@ -133,17 +132,7 @@ async fn send_turn(sluice: &Sluice, turn: usize) -> u16 {
 async fn a_killed_master_is_replaced_and_the_session_goes_on() {
     let cluster = Cluster::start(7100);
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&format!(
-        "{}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n",
-        config_for(
-            &mock.base_url(),
-            &format!(
-                "[store]\nbackend = \"redis\"\nredis_cluster = true\n\
-                 redis_url = \"redis://127.0.0.1:{}/0\"\n",
-                cluster.base
-            ),
-        )
-    ));
+    let sluice = on_cluster(&cluster, &mock);
     for turn in 1..=4 {
         assert_eq!(send_turn(&sluice, turn).await, 200);
     }
@@ -233,17 +222,7 @@ fn wait_for<T>(mut check: impl FnMut() -> Option<T>, what: &str) -> T {
 async fn a_session_whose_slot_moves_goes_on_on_its_new_master() {
     let cluster = Cluster::start(7200);
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&format!(
-        "{}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n",
-        config_for(
-            &mock.base_url(),
-            &format!(
-                "[store]\nbackend = \"redis\"\nredis_cluster = true\n\
-                 redis_url = \"redis://127.0.0.1:{}/0\"\n",
-                cluster.base
-            ),
-        )
-    ));
+    let sluice = on_cluster(&cluster, &mock);
     for turn in 1..=4 {
         assert_eq!(send_turn(&sluice, turn).await, 200);
     }

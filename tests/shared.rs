@@ -14,9 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    b64, client, config_for, guard_routes, metric, picture, tool_output, MockUpstream, Sluice,
+    client, config_for, guard_routes, metric, screenshot_turns, tool_output, MockUpstream, Sluice,
 };
-use image::ImageFormat;
 use serde_json::{json, Value};
 
 /// The Redis the tests share: one node, or a cluster's node when `SLUICE_TEST_REDIS_CLUSTER`
@@ -49,24 +48,13 @@ fn economic(mock: &MockUpstream, redis: &str, lines: &str) -> String {
     format!("{base}\n[routes.images]\nrecent_count = 3\nprune_batch = 2\n")
 }
 
-fn turns(upto: usize) -> Value {
-    let mut messages = vec![json!({"role": "user", "content": "watch"})];
-    for t in 1..=upto {
-        let id = format!("tu{t}");
-        messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "take_screenshot", "input": {}}]}));
-        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&picture(9 + t as u32, 9, ImageFormat::Png))}}]}]}));
-    }
-    json!({"model": "claude-x", "max_tokens": 10, "messages": messages})
-}
-
-/// Turn `turn` of `session` (see [`turns`]), sent to `sluice` as `key`.
+/// Turn `turn` of `session` (see [`screenshot_turns`]), sent to `sluice` as `key`.
 async fn send_turn(sluice: &Sluice, key: &str, session: &str, turn: usize) -> reqwest::Response {
     client()
         .post(sluice.url("/v1/messages"))
         .header("x-api-key", key)
         .header("x-sluice-session", session)
-        .json(&turns(turn))
+        .json(&screenshot_turns(turn))
         .send()
         .await
         .unwrap()
@@ -304,7 +292,7 @@ async fn readyz_follows_redis_and_sluice_reconnects_after_a_redis_restart() {
     // Requests still go through, without delivery state (nothing is lost to the client).
     let resp = client()
         .post(sluice.url("/v1/messages"))
-        .json(&turns(1))
+        .json(&screenshot_turns(1))
         .send()
         .await
         .unwrap();

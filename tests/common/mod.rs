@@ -341,6 +341,20 @@ pub fn b64(bytes: &[u8]) -> String {
     base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
 }
 
+/// Turn `upto` of an Anthropic screenshot session: one new PNG screenshot per turn, each a
+/// `take_screenshot` tool result (`tu1`, `tu2`, …), the history kept whole.
+pub fn screenshot_turns(upto: usize) -> serde_json::Value {
+    use serde_json::json;
+    let mut messages = vec![json!({"role": "user", "content": "watch"})];
+    for t in 1..=upto {
+        let id = format!("tu{t}");
+        messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "take_screenshot", "input": {}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(&picture(9 + t as u32, 9, image::ImageFormat::Png))}}]}]}));
+    }
+    json!({"model": "claude-x", "max_tokens": 10, "messages": messages})
+}
+
 async fn send_as(
     sluice: &Sluice,
     key: &str,
