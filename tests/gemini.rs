@@ -10,20 +10,9 @@
 
 mod common;
 
+use common::gemini::*;
 use common::*;
 use serde_json::{json, Value};
-
-const GENERATE: &str = "/v1beta/models/gemini-3-pro-preview:generateContent";
-const STREAM: &str = "/v1beta/models/gemini-3-pro-preview:streamGenerateContent?alt=sse";
-const KEY: &str = "gemini-test-key";
-
-fn config(mock: &MockUpstream, route: &str) -> String {
-    format!(
-        "{}\n[[routes]]\nname = \"gemini\"\ndialects = [\"gemini-generate\"]\nmodels = [\"*\"]\nupstream = \"{}\"\n{route}\n",
-        config_for(&mock.base_url(), ""),
-        mock.base_url()
-    )
-}
 
 /// A Gemini CLI-shaped turn: the user's ask, the model's shell call, its `functionResponse`
 /// with the output in `response.output`.
@@ -43,43 +32,6 @@ fn request(output: &str, ask: &str) -> Value {
             "parametersJsonSchema": {"type": "object", "properties": {"command": {"type": "string"}}}}]}],
         "generationConfig": {"temperature": 0, "maxOutputTokens": 1024}
     })
-}
-
-async fn send(sluice: &Sluice, path: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(sluice.url(path))
-        .header("x-goog-api-key", KEY)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-/// The parts the client received: a whole response's, or every chunk's of a stream, in order.
-async fn received(response: reqwest::Response, streamed: bool) -> (Vec<Value>, Vec<Value>) {
-    let text = response.text().await.unwrap();
-    let chunks: Vec<Value> = if streamed {
-        text.split("\n\n")
-            .filter_map(|event| event.strip_prefix("data: "))
-            .map(|data| serde_json::from_str(data).unwrap())
-            .collect()
-    } else {
-        vec![serde_json::from_str(&text).unwrap()]
-    };
-    let parts = chunks
-        .iter()
-        .flat_map(|c| {
-            c["candidates"][0]["content"]["parts"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .collect();
-    (parts, chunks)
-}
-
-fn text_of(parts: &[Value]) -> String {
-    parts.iter().filter_map(|p| p["text"].as_str()).collect()
 }
 
 fn reads_two_then_answers() -> Vec<Reply> {
@@ -426,7 +378,7 @@ async fn the_inspector_records_a_gemini_session() {
             "id": format!("c{k}"), "response": {"output": output}}}]}),
         );
         mock.script([Reply::Text(format!("done {k}"))]);
-        let system = "You are a careful coding agent; read before you write. ".repeat(200);
+        let system = "You are a careful coding agent; read before you write. ".repeat(400);
         let body =
             json!({"systemInstruction": {"parts": [{"text": system}]}, "contents": contents});
         let response = send(&sluice, STREAM, &body).await;
@@ -463,8 +415,9 @@ async fn the_inspector_records_a_gemini_session() {
         }
         if k >= 2 {
             // The provider's implicit cache served the turn before's prefix, as the inspector's
-            // exact model bills it (within the estimate's error). Turn 1 added the read tool,
-            // which is first in cache order: nothing was read then, on either count.
+            // exact model bills it (within the estimate's error; the prefix is over Gemini 3's
+            // 4,096-token minimum). Turn 1 added the read tool, which is first in cache order:
+            // nothing was read then, on either count.
             let cached = turn["usage"]["cached"].as_u64().unwrap() as f64;
             let read = turn["bill"]["forwarded"]["read"].as_u64().unwrap() as f64;
             assert!(cached > 1000.0, "{at}");

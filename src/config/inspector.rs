@@ -42,6 +42,14 @@ impl Price {
         min_cached_tokens: 1024,
         cache_ttl_seconds: 300,
     };
+    /// Gemini's implicit cache (2.5 and later): cached input at 0.1×, no write charge, from
+    /// 4,096 tokens (2,048 on 2.5 models).
+    pub const GEMINI: Price = Price {
+        cache_read: 0.1,
+        cache_write: 1.0,
+        min_cached_tokens: 4096,
+        cache_ttl_seconds: 300,
+    };
 }
 
 impl Default for Price {
@@ -71,13 +79,14 @@ impl Default for InspectorConfig {
     }
 }
 
-/// `[inspector.prices.anthropic]`, `[inspector.prices.openai]`: any key left out keeps the
-/// provider's published value ([`Price::ANTHROPIC`], [`Price::OPENAI`]).
+/// `[inspector.prices.anthropic]`, `[inspector.prices.openai]`, `[inspector.prices.gemini]`:
+/// any key left out keeps the provider's published value for the model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Prices {
     pub anthropic: PriceConfig,
     pub openai: PriceConfig,
+    pub gemini: PriceConfig,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -115,10 +124,8 @@ impl Prices {
         use crate::projection::cache::{Provider, Rates};
         let (provider, over) = match dialect {
             Dialect::AnthropicMessages => (Provider::Anthropic, self.anthropic),
-            // Gemini's implicit cache is priced as a prefix cache with no write premium.
-            Dialect::OpenAiChat | Dialect::OpenAiResponses | Dialect::GeminiGenerate => {
-                (Provider::OpenAi, self.openai)
-            }
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => (Provider::OpenAi, self.openai),
+            Dialect::GeminiGenerate => (Provider::Gemini, self.gemini),
         };
         let base = Rates::published(provider, model);
         Rates {
@@ -133,15 +140,18 @@ impl Prices {
     pub fn of(&self, dialect: Dialect) -> Price {
         match dialect {
             Dialect::AnthropicMessages => self.anthropic.over(Price::ANTHROPIC),
-            Dialect::OpenAiChat | Dialect::OpenAiResponses | Dialect::GeminiGenerate => {
-                self.openai.over(Price::OPENAI)
-            }
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => self.openai.over(Price::OPENAI),
+            Dialect::GeminiGenerate => self.gemini.over(Price::GEMINI),
         }
     }
 
     /// Multipliers are non-negative; `key` is where these prices sit in the config.
     pub fn check(&self, key: &str) -> Result<(), String> {
-        for (name, p) in [("anthropic", self.anthropic), ("openai", self.openai)] {
+        for (name, p) in [
+            ("anthropic", self.anthropic),
+            ("openai", self.openai),
+            ("gemini", self.gemini),
+        ] {
             for (field, v) in [
                 ("cache_read", p.cache_read),
                 ("cache_write", p.cache_write),

@@ -146,6 +146,21 @@ fn inspector_keys_are_checked_and_prices_layer_over_the_published_ones() {
     assert_eq!((anthropic.cache_read, anthropic.cache_write), (0.08, 1.25));
     let openai = config.inspector.prices.of(Dialect::OpenAiChat);
     assert_eq!(openai, crate::config::inspector::Price::OPENAI);
+    let err = load("[inspector.prices.gemini]\ncache_write = -0.5\n", &[]).unwrap_err();
+    assert_eq!(err.key, "inspector.prices.gemini.cache_write", "{err}");
+    // Gemini's table is its own: the model's minimum unless set, and set from the environment.
+    let config = load(
+        "",
+        &[("SLUICE_INSPECTOR__PRICES__GEMINI__CACHE_READ", "0.25")],
+    )
+    .unwrap();
+    let rates = config
+        .inspector
+        .prices
+        .rates(Dialect::GeminiGenerate, "gemini-2.5-flash");
+    assert_eq!((rates.read, rates.min_tokens), (0.25, 2048));
+    let chat = config.inspector.prices.rates(Dialect::OpenAiChat, "gpt-5");
+    assert_eq!(chat.read, 0.1);
 }
 
 /// Every top-level key can be set from the environment (O1): a new table left out of

@@ -12,6 +12,10 @@
 //! - OpenAI caches every prompt by itself; a request reads the longest prefix an earlier one
 //!   left, from 1,024 tokens in 128-token steps, and pays no write premium (GPT-5.6 and later:
 //!   the uncached part at the write price).
+//! - Gemini (2.5 and later) caches every prompt by itself too ("implicit caching"): a request
+//!   reads the longest prefix an earlier one left, from the model's minimum (2,048 tokens for
+//!   2.5, 4,096 from 3 on), counted exactly (Google publishes no step), at a tenth of the input
+//!   price, with no write premium. Models before 2.5 cache nothing implicitly.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +35,7 @@ pub const MAX_ENTRIES: usize = 4096;
 pub enum Provider {
     Anthropic,
     OpenAi,
+    Gemini,
 }
 
 /// How long an entry lives after the request that wrote or read it.
@@ -102,6 +107,13 @@ impl Rates {
                 min_tokens: 1024,
                 ttl_seconds: None,
             },
+            Provider::Gemini => Rates {
+                read: 0.1,
+                write_short: 1.0,
+                write_long: 1.0,
+                min_tokens: gemini_minimum(&m),
+                ttl_seconds: None,
+            },
         }
     }
 
@@ -109,6 +121,26 @@ impl Rates {
         self.ttl_seconds
             .unwrap_or(ttl.seconds())
             .saturating_mul(1000)
+    }
+}
+
+/// The smallest prefix a Gemini model caches implicitly (Google's caching page): 2,048 tokens
+/// for 2.5, 4,096 from 3 on (a name without a version is taken as current); before 2.5, none.
+fn gemini_minimum(model: &str) -> u64 {
+    let name = model.rsplit('/').next().unwrap_or(model);
+    let version = name
+        .strip_prefix("gemini-")
+        .map(|rest| rest.split('-').next().unwrap_or(""))
+        .and_then(|v| {
+            let mut it = v.splitn(2, '.');
+            let major = it.next()?.parse::<u32>().ok()?;
+            let minor = it.next().map_or(Some(0), |m| m.parse::<u32>().ok())?;
+            Some((major, minor))
+        });
+    match version {
+        Some(v) if v < (2, 5) => u64::MAX,
+        Some(v) if v < (3, 0) => 2048,
+        _ => 4096,
     }
 }
 
@@ -212,7 +244,8 @@ pub fn bill(
     }
     match provider {
         Provider::Anthropic => anthropic(rates, blocks, &prefix, entries, now_ms),
-        Provider::OpenAi => openai(rates, blocks, &prefix, entries, now_ms),
+        Provider::OpenAi => implicit(rates, OPENAI_STEP, blocks, &prefix, entries, now_ms),
+        Provider::Gemini => implicit(rates, 1, blocks, &prefix, entries, now_ms),
     }
 }
 
@@ -277,8 +310,11 @@ fn anthropic(
     bill
 }
 
-fn openai(
+/// A cache the provider fills by itself: the longest prefix an earlier request left, in
+/// `step`s of tokens, once it reaches the minimum.
+fn implicit(
     rates: &Rates,
+    step: u64,
     blocks: &[Block],
     prefix: &[u64],
     entries: &mut Entries,
@@ -291,7 +327,7 @@ fn openai(
         .count();
     let common = shared.checked_sub(1).map_or(0, |i| prefix[i]);
     let read = if common >= rates.min_tokens {
-        common / OPENAI_STEP * OPENAI_STEP
+        common / step * step
     } else {
         0
     };
@@ -332,241 +368,5 @@ pub fn rewrite_cost(rates: &Rates, after: u64, removed: u64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    const ANTHROPIC: Rates = Rates {
-        read: 0.1,
-        write_short: 1.25,
-        write_long: 2.0,
-        min_tokens: 1024,
-        ttl_seconds: None,
-    };
-
-    /// Bills blocks of `tokens` each (labelled, with breakpoints at `marks`) at `at` ms.
-    fn anthropic(
-        cache: &mut Entries,
-        labels: &[&str],
-        tokens: u64,
-        marks: &[usize],
-        at: u64,
-    ) -> Bill {
-        bill(
-            Provider::Anthropic,
-            &ANTHROPIC,
-            &blocks(labels, tokens, marks),
-            cache,
-            at,
-        )
-    }
-
-    /// Blocks of `tokens` each, hashed by their labels' running concatenation, with breakpoints.
-    fn blocks(labels: &[&str], tokens: u64, marks: &[usize]) -> Vec<Block> {
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        labels
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                h.update(l.as_bytes());
-                h.update(b"\0");
-                Block {
-                    hash: h.digest(),
-                    tokens,
-                    mark: marks.contains(&i).then_some(Ttl::Short),
-                }
-            })
-            .collect()
-    }
-
-    #[test]
-    fn anthropic_reads_the_previous_tail_and_writes_only_the_new_blocks() {
-        let mut cache = Entries::default();
-        // Claude Code's shape: a breakpoint on the system block and on the newest block.
-        let first = blocks(&["sys", "u1", "a1", "u2"], 1000, &[0, 3]);
-        let b = bill(Provider::Anthropic, &ANTHROPIC, &first, &mut cache, 0);
-        // The system block alone is under the minimum: the whole prefix is written at the tail.
-        assert_eq!(
-            b,
-            Bill {
-                write_short: 4000,
-                ..Bill::default()
-            }
-        );
-        let second = blocks(&["sys", "u1", "a1", "u2", "a2", "u3"], 1000, &[0, 5]);
-        let b = bill(Provider::Anthropic, &ANTHROPIC, &second, &mut cache, 1000);
-        assert_eq!(
-            b,
-            Bill {
-                read: 4000,
-                write_short: 2000,
-                ..Bill::default()
-            }
-        );
-        assert!((b.cost(&ANTHROPIC) - (400.0 + 2500.0)).abs() < 1e-9);
-    }
-
-    #[test]
-    fn an_edit_before_the_last_entry_falls_back_to_an_earlier_breakpoint() {
-        let mut cache = Entries::default();
-        let labels = ["sys", "u1", "a1", "img", "a2", "u3"];
-        anthropic(&mut cache, &labels, 1000, &[1, 5], 0);
-        // The image is pruned: no entry at or after it matches; the one at u1 does.
-        let pruned = ["sys", "u1", "a1", "placeholder", "a2", "u3", "a3", "u4"];
-        let b = anthropic(&mut cache, &pruned, 1000, &[1, 7], 1);
-        assert_eq!(
-            b,
-            Bill {
-                read: 2000,
-                write_short: 6000,
-                ..Bill::default()
-            }
-        );
-    }
-
-    #[test]
-    fn the_lookback_stops_after_twenty_blocks() {
-        let labels: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
-        let l: Vec<&str> = labels.iter().map(String::as_str).collect();
-        let mut cache = Entries::default();
-        anthropic(&mut cache, &l[..5], 500, &[4], 0);
-        // Breakpoint 24 blocks later (index 24, 20 back reaches index 5): no hit.
-        let far = anthropic(&mut cache, &l[..25], 500, &[24], 1);
-        assert_eq!(far.read, 0);
-        let mut cache2 = Entries::default();
-        anthropic(&mut cache2, &l[..5], 500, &[4], 0);
-        // 20 blocks from index 23 reach index 4: a hit.
-        let near = anthropic(&mut cache2, &l[..24], 500, &[23], 1);
-        assert_eq!(near.read, 2500);
-    }
-
-    #[test]
-    fn no_breakpoint_no_cache_and_ttls_lapse_and_price_by_breakpoint() {
-        let mut cache = Entries::default();
-        let l = ["a", "b", "c"];
-        let none = anthropic(&mut cache, &l, 1000, &[], 0);
-        assert_eq!(
-            none,
-            Bill {
-                uncached: 3000,
-                ..Bill::default()
-            }
-        );
-        assert!(cache.0.is_empty());
-        anthropic(&mut cache, &l, 1000, &[2], 0);
-        // Read at 4:59, which refreshes the entry; read again 4:59 later.
-        let again = anthropic(&mut cache, &l, 1000, &[2], 299_000);
-        assert_eq!(again.read, 3000);
-        let later = anthropic(&mut cache, &l, 1000, &[2], 598_000);
-        assert_eq!(later.read, 3000);
-        assert!(cache.warm(598_000) && !cache.warm(898_000));
-        let cold = anthropic(&mut cache, &l, 1000, &[2], 898_000);
-        assert_eq!(
-            cold,
-            Bill {
-                write_short: 3000,
-                ..Bill::default()
-            }
-        );
-        // A 1-hour breakpoint before a 5-minute one: each span at its own price.
-        let mut fresh = Entries::default();
-        let mut bs = blocks(&l, 1000, &[1, 2]);
-        bs[1].mark = Some(Ttl::Long);
-        let b = bill(Provider::Anthropic, &ANTHROPIC, &bs, &mut fresh, 0);
-        assert_eq!(
-            b,
-            Bill {
-                write_long: 2000,
-                write_short: 1000,
-                ..Bill::default()
-            }
-        );
-        assert!((b.cost(&ANTHROPIC) - 5250.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn openai_reads_in_steps_and_writes_at_a_premium_only_from_gpt_5_6() {
-        let rates = Rates::published(Provider::OpenAi, "gpt-5.2");
-        let mut cache = Entries::default();
-        let l = ["tools", "sys", "u1", "a1", "u2"];
-        bill(
-            Provider::OpenAi,
-            &rates,
-            &blocks(&l[..3], 700, &[]),
-            &mut cache,
-            0,
-        );
-        let b = bill(
-            Provider::OpenAi,
-            &rates,
-            &blocks(&l, 700, &[]),
-            &mut cache,
-            1,
-        );
-        assert_eq!(
-            b,
-            Bill {
-                read: 2048,
-                uncached: 1452,
-                ..Bill::default()
-            }
-        );
-        let premium = Rates::published(Provider::OpenAi, "gpt-5.6-codex");
-        assert_eq!(premium.write_short, 1.25);
-        assert_eq!(Rates::published(Provider::OpenAi, "gpt-4o").read, 0.5);
-        assert_eq!(
-            Rates::published(Provider::OpenAi, "gpt-4.1-mini").read,
-            0.25
-        );
-        assert_eq!(
-            Rates::published(Provider::Anthropic, "claude-opus-4-5").min_tokens,
-            4096
-        );
-        assert_eq!(
-            Rates::published(Provider::Anthropic, "claude-sonnet-4-5").min_tokens,
-            1024
-        );
-    }
-
-    #[test]
-    fn an_edit_pays_when_its_saving_outlasts_its_rewrite() {
-        // Two 1.4k-token screenshots out of 7.5k tokens after the point: 2 × 1.4k × 0.1 × 20
-        // = 5.6k saved against 1.25 × 4.7k − 0.75k = 5.1k spent.
-        assert!(edit_pays(&ANTHROPIC, 7500, 2800, 20, true));
-        assert!(!edit_pays(&ANTHROPIC, 9000, 2800, 20, true));
-        assert!(edit_pays(&ANTHROPIC, 90_000, 1, 20, false));
-    }
-
-    proptest! {
-        /// Whatever the requests, a bill accounts for every token once, reads only what an
-        /// earlier request could have written, and the entries stay bounded.
-        #[test]
-        fn a_bill_counts_every_token_once(
-            requests in prop::collection::vec(
-                (prop::collection::vec((0u8..4, 1u64..3000, prop::bool::ANY), 1..30), 0u64..600_000),
-                1..12,
-            ),
-            openai in prop::bool::ANY,
-        ) {
-            let provider = if openai { Provider::OpenAi } else { Provider::Anthropic };
-            let rates = if openai { Rates::published(provider, "gpt-5") } else { ANTHROPIC };
-            let mut cache = Entries::default();
-            let mut now = 0;
-            for (i, (parts, gap)) in requests.iter().enumerate() {
-                now += gap;
-                let mut h = xxhash_rust::xxh3::Xxh3::new();
-                let bs: Vec<Block> = parts.iter().map(|&(label, tokens, mark)| {
-                    h.update(&[label]);
-                    Block { hash: h.digest(), tokens, mark: mark.then_some(Ttl::Short) }
-                }).collect();
-                let total: u64 = bs.iter().map(|b| b.tokens).sum();
-                let b = bill(provider, &rates, &bs, &mut cache, now);
-                prop_assert_eq!(b.tokens(), total);
-                if i == 0 {
-                    prop_assert_eq!(b.read, 0);
-                }
-                prop_assert!(cache.0.len() <= MAX_ENTRIES);
-            }
-        }
-    }
-}
+#[path = "cache_tests.rs"]
+mod tests;

@@ -517,7 +517,12 @@ async fn respond(
     let counted = {
         let mut state = state.lock().unwrap();
         let counted = state.cache.as_mut().map(|cache| {
-            prompt_cache::count(dialect == Dialect::Anthropic, &request, cache, |part| {
+            let kind = match dialect {
+                Dialect::Anthropic => prompt_cache::Kind::Anthropic,
+                Dialect::Gemini => prompt_cache::Kind::Gemini,
+                Dialect::Chat | Dialect::Responses => prompt_cache::Kind::OpenAi,
+            };
+            prompt_cache::count(kind, &model, &request, cache, |part| {
                 reference_tokens(dialect, part)
             })
         });

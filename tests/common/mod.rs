@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
+pub mod gemini;
 pub mod mock;
 
 use std::io::{BufRead, BufReader};

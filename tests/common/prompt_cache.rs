@@ -9,6 +9,8 @@
 //!   model's minimum are not cached. Usage as Anthropic reports it, split by TTL.
 //! - OpenAI: every request is cached by itself; a read is the longest cached prefix of whole
 //!   messages, from 1,024 tokens in 128-token steps.
+//! - Gemini (implicit caching, 2.5 and later): as OpenAI's but counted exactly, from 2,048
+//!   tokens (2.5) or 4,096 (3 and later); models before 2.5 cache nothing.
 //!
 //! The cache is shared by every session, as a provider's is by an organisation's. Its clock can
 //! be moved on ([`PromptCache::advance`]) so a test or bench can let entries lapse without
@@ -75,6 +77,14 @@ impl PromptCache {
         e.0 = e.0.max(expires);
         e.1 |= long;
     }
+}
+
+/// Whose rules a request is billed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Anthropic,
+    OpenAi,
+    Gemini,
 }
 
 /// What the cache did for one request.
@@ -208,10 +218,24 @@ fn check_carrier(block: &Value, mark: Option<bool>) -> Result<(), String> {
     }
 }
 
-/// The smallest prefix `model` caches (Anthropic's table; 1,024 for the rest).
-fn minimum(anthropic: bool, model: &str) -> u64 {
-    if !anthropic {
-        return 1024;
+/// The smallest prefix `model` caches (Anthropic's and Gemini's tables; 1,024 for OpenAI).
+fn minimum(kind: Kind, model: &str) -> u64 {
+    match kind {
+        Kind::OpenAi => return 1024,
+        Kind::Gemini => {
+            let name = model.trim_start_matches("models/");
+            return if ["gemini-1.", "gemini-2.0"]
+                .iter()
+                .any(|v| name.starts_with(v))
+            {
+                u64::MAX
+            } else if name.starts_with("gemini-2.5") {
+                2048
+            } else {
+                4096
+            };
+        }
+        Kind::Anthropic => {}
     }
     if ["opus-4-5", "opus-4-6", "haiku-4-5"]
         .iter()
@@ -231,13 +255,15 @@ fn minimum(anthropic: bool, model: &str) -> u64 {
 /// Bills `request` against the cache and leaves the cache as the provider would; `Err` is the
 /// provider's 400 for the request's breakpoints.
 pub fn count(
-    anthropic: bool,
+    kind: Kind,
+    model: &str,
     request: &Value,
     cache: &mut PromptCache,
     tokens: impl Fn(&Value) -> u64,
 ) -> Result<Counted, String> {
+    let anthropic = kind == Kind::Anthropic;
     let positions = positions(anthropic, request, &tokens)?;
-    let min = minimum(anthropic, request["model"].as_str().unwrap_or(""));
+    let min = minimum(kind, model);
     let now = cache.now_ms();
     let mut prefix = Vec::with_capacity(positions.len());
     let mut total = 0;
@@ -254,7 +280,12 @@ pub fn count(
         for p in &positions {
             cache.put(p.hash, false, now);
         }
-        let cached = if common >= min { common / 128 * 128 } else { 0 };
+        let step = if kind == Kind::Gemini { 1 } else { 128 };
+        let cached = if common >= min {
+            common / step * step
+        } else {
+            0
+        };
         return Ok(Counted {
             total,
             cached,

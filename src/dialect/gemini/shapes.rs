@@ -274,8 +274,7 @@ impl Shapes for Gemini {
     }
 
     fn cache_provider(&self) -> crate::projection::cache::Provider {
-        // Implicit caching: a prefix cache with no write premium, as OpenAI's (docs/gemini.md).
-        crate::projection::cache::Provider::OpenAi
+        crate::projection::cache::Provider::Gemini
     }
 
     fn breakpoint_field(&self) -> &'static [u8] {
