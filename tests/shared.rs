@@ -4,7 +4,9 @@
 //! `SLUICE_TEST_REDIS_CLUSTER` set to a node of a Redis Cluster (`.ci/run` starts one of three
 //! masters and three replicas on 127.0.0.1:7000-7005) the same tests run on the cluster
 //! (`store.redis_cluster`, issue #39); the one that restarts a Redis of its own uses its own
-//! node either way.
+//! node either way. With `SLUICE_TEST_S3` set to an S3 endpoint (`.ci/run` starts SeaweedFS on
+//! 127.0.0.1:8333 with a bucket `sluice`, credentials in the AWS environment) artifacts go to
+//! that bucket (`[store.blobs]`) and Redis holds none.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
@@ -30,10 +32,21 @@ fn cluster() -> Option<String> {
         .filter(|url| !url.is_empty())
 }
 
-/// The `[store]` table for `redis`: on the cluster, with `redis_cluster = true`.
+/// The S3 endpoint artifacts go to, when the run names one.
+fn s3() -> Option<String> {
+    std::env::var("SLUICE_TEST_S3")
+        .ok()
+        .filter(|url| !url.is_empty())
+}
+
+/// The `[store]` table for `redis`: on the cluster, with `redis_cluster = true`; with S3
+/// blobs when the run names an endpoint.
 fn store(redis: &str) -> String {
     let on_cluster = cluster().is_some_and(|c| c == redis);
-    format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\nredis_cluster = {on_cluster}\n")
+    let blobs = s3().map_or(String::new(), |endpoint| {
+        format!("[store.blobs]\nbackend = \"s3\"\nendpoint = \"{endpoint}\"\nbucket = \"sluice\"\nprefix = \"shared-test/\"\n")
+    });
+    format!("[store]\nbackend = \"redis\"\nredis_url = \"{redis}\"\nredis_cluster = {on_cluster}\n{blobs}")
 }
 
 /// A config whose `[store]` table comes before the routes (TOML tables cannot repeat), with
@@ -205,6 +218,24 @@ async fn spilled_on_one_read_on_the_other(
         .unwrap();
     assert_eq!(whole.status(), 200);
     assert!(whole.text().await.unwrap() == output);
+    // With S3 blobs, the artifact is in the bucket only; else in Redis.
+    let redis = sluice::store::redis::RedisStore::connect(
+        &self::redis(),
+        cluster().is_some(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
+    let artifact = sluice::store::ArtifactId::parse(&id).unwrap();
+    let in_redis = sluice::store::ArtifactStore::get(&redis, &tenant, &artifact)
+        .await
+        .unwrap();
+    assert_eq!(
+        in_redis.is_some(),
+        s3().is_none(),
+        "artifact bytes in Redis"
+    );
     let cursor = shown[shown.rfind("{\"cursor\":\"").unwrap() + 11..]
         .split('"')
         .next()

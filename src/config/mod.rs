@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
+pub mod blobs;
 pub mod inspector;
 mod limits;
 mod route;
@@ -161,6 +162,8 @@ pub struct StoreConfig {
     /// `redis_url` names any node of a Redis Cluster (docs/delivery-state.md).
     pub redis_cluster: bool,
     pub idle_ttl_seconds: u64,
+    /// Where artifacts are kept (`[store.blobs]`).
+    pub blobs: blobs::BlobsConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -235,6 +238,7 @@ impl Default for StoreConfig {
             redis_url: "redis://127.0.0.1:6379/0".into(),
             redis_cluster: false,
             idle_ttl_seconds: DEFAULT_IDLE_TTL_SECONDS,
+            blobs: blobs::BlobsConfig::default(),
         }
     }
 }
@@ -403,6 +407,10 @@ impl Config {
             "upstream.pool_idle_timeout_seconds",
             up.pool_idle_timeout_seconds,
         )?;
+        self.store
+            .blobs
+            .check()
+            .map_err(|(key, message)| ConfigError::at(key, message))?;
         if self.store.backend == StoreBackend::Redis && !self.store.redis_url.starts_with("redis") {
             return Err(ConfigError::at(
                 "store.redis_url",

@@ -232,3 +232,40 @@ fn a_context_window_alone_works_and_a_bad_value_says_what_to_change() {
     assert_eq!(err.key, "routes.0.context.target");
     assert!(err.message.contains("below trigger (0.9)"), "{err}");
 }
+
+/// `[store.blobs]` (#39): S3 needs a bucket, a URL endpoint and a prefix that ends in '/';
+/// every key is read from the environment too.
+#[test]
+fn blob_storage_keys_are_checked_and_read_from_the_environment() {
+    use crate::config::blobs::BlobsBackend;
+    let err = load("[store.blobs]\nbackend = \"s3\"\n", &[]).unwrap_err();
+    assert_eq!(err.key, "store.blobs.bucket", "{err}");
+    let err = load(
+        "[store.blobs]\nbackend = \"s3\"\nbucket = \"b\"\nendpoint = \"127.0.0.1:8333\"\n",
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.key, "store.blobs.endpoint", "{err}");
+    let err = load(
+        "[store.blobs]\nbackend = \"s3\"\nbucket = \"b\"\nprefix = \"artifacts\"\n",
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.key, "store.blobs.prefix", "{err}");
+    let config = load(
+        "",
+        &[
+            ("SLUICE_STORE__BLOBS__BACKEND", "s3"),
+            ("SLUICE_STORE__BLOBS__BUCKET", "team-artifacts"),
+            ("SLUICE_STORE__BLOBS__ENDPOINT", "http://127.0.0.1:8333"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.store.blobs.backend, BlobsBackend::S3);
+    assert_eq!(config.store.blobs.bucket, "team-artifacts");
+    assert_eq!(config.store.blobs.prefix, "artifacts/");
+    assert_eq!(
+        load("", &[]).unwrap().store.blobs.backend,
+        BlobsBackend::Store
+    );
+}

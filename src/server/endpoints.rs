@@ -112,7 +112,13 @@ impl App {
 impl Shared {
     /// Checks the store can be written, and records the answer in `sluice_store_up`.
     pub(super) async fn check_store(&self) -> Result<(), crate::store::StoreError> {
-        let checked = self.artifacts.check().await;
+        let checked = match &self.state_probe {
+            Some(state) => match crate::store::ArtifactStore::check(state).await {
+                Ok(()) => self.artifacts.check().await,
+                Err(e) => Err(e),
+            },
+            None => self.artifacts.check().await,
+        };
         self.metrics
             .store_up
             .with_label_values(&[self.sessions.backend()])

@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
+use crate::config::blobs::BlobsBackend;
 use crate::config::Config;
 use crate::config::StoreBackend;
 use crate::memo::Memo;
@@ -37,6 +38,7 @@ use crate::metrics::Metrics;
 use crate::route::RouteTable;
 use crate::store::file::FileStore;
 use crate::store::redis::RedisStore;
+use crate::store::s3::S3Store;
 use crate::store::session::{EmbeddedSessions, Sessions};
 use crate::store::{Artifacts, Backend};
 use crate::upstream::{BoxError, Upstream};
@@ -109,6 +111,8 @@ pub enum StartError {
     },
     #[error("store.redis_url: cannot connect to Redis: {0}")]
     Redis(String),
+    #[error("store.blobs: cannot use the bucket: {0}")]
+    Blobs(String),
 }
 
 /// What every worker shares: configuration, routes, metrics, and whether sluice is draining.
@@ -121,6 +125,8 @@ struct Shared {
     id_prefix: u64,
     next_id: AtomicU64,
     artifacts: Artifacts<Backend>,
+    /// With artifacts in a bucket: the state store's own backend, which readiness checks too.
+    state_probe: Option<Backend>,
     memo: Memo,
     /// Where long bodies' views were read to, so the next turn reads only what it adds.
     resumes: crate::dialect::resume::Resumes,
@@ -266,6 +272,13 @@ impl Server {
         } else {
             None
         };
+        let (backend, state_probe) = match config.store.blobs.backend {
+            BlobsBackend::Store => (backend, None),
+            BlobsBackend::S3 => (
+                Backend::S3(S3Store::open(&config.store.blobs, ttl).map_err(StartError::Blobs)?),
+                Some(backend),
+            ),
+        };
         let artifacts = Artifacts::new(backend, metrics.clone(), ttl);
         let session_header = http::HeaderName::from_bytes(config.session.header.as_bytes())
             .map_err(|_| crate::config::ConfigError {
@@ -307,6 +320,7 @@ impl Server {
                 id_prefix,
                 next_id: AtomicU64::new(0),
                 artifacts,
+                state_probe,
                 memo: Memo::new(ttl),
                 resumes: Default::default(),
                 sessions: Arc::new(sessions),

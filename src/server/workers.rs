@@ -38,8 +38,9 @@ pub(super) async fn watch_store(shared: Arc<Shared>, mut stop: watch::Receiver<b
     }
 }
 
-/// Expires idle artifacts and sessions of the embedded store (S2), every tenth of the idle TTL
-/// (at most hourly), until shutdown. Redis expires its keys itself.
+/// Expires idle artifacts and sessions of the embedded store and idle objects in an artifact
+/// bucket (S2), every tenth of the idle TTL (at most hourly), until shutdown. Redis expires its
+/// keys itself.
 pub(super) async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let ttl = Duration::from_secs(shared.config.store.idle_ttl_seconds);
     let every = (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(3600));
@@ -48,11 +49,12 @@ pub(super) async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
             () = tokio::time::sleep(every) => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
-        let shared = shared.clone();
+        let on_pool = shared.clone();
         let swept = tokio::task::spawn_blocking(move || {
+            let shared = on_pool;
             let files = match shared.artifacts.backend() {
                 Backend::File(files) => files.sweep(ttl),
-                Backend::Redis(_) => 0,
+                Backend::Redis(_) | Backend::S3(_) => 0,
             };
             let sessions = match &*shared.sessions {
                 Sessions::Embedded(s) => s.sweep().unwrap_or(0),
@@ -66,6 +68,16 @@ pub(super) async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
             (files, sessions)
         })
         .await;
+        let swept = match (swept, shared.artifacts.backend()) {
+            (Ok((_, sessions)), Backend::S3(bucket)) => match bucket.sweep().await {
+                Ok(objects) => Ok((objects, sessions)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot expire idle artifacts in the bucket");
+                    Ok((0, sessions))
+                }
+            },
+            (swept, _) => swept,
+        };
         if let Ok((files, sessions)) = swept {
             if files + sessions > 0 {
                 tracing::info!(

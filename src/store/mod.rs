@@ -2,10 +2,12 @@
 //! SPEC section 1, S1-S3) behind [`ArtifactStore`], with a bounded cache in front.
 //!
 //! Backends: [`file::FileStore`] (embedded default, files under `store.data_dir`); the Redis
-//! backend of shared mode implements the same trait.
+//! backend of shared mode and [`s3::S3Store`] (`[store.blobs] backend = "s3"`, with either
+//! state store) implement the same trait.
 
 pub mod file;
 pub mod redis;
+pub mod s3;
 pub mod session;
 
 use std::future::Future;
@@ -58,6 +60,7 @@ pub trait ArtifactStore: Send + Sync + 'static {
 pub enum Backend {
     File(file::FileStore),
     Redis(redis::RedisStore),
+    S3(s3::S3Store),
 }
 
 impl ArtifactStore for Backend {
@@ -65,6 +68,7 @@ impl ArtifactStore for Backend {
         match self {
             Backend::File(s) => s.put(tenant, id, bytes).await,
             Backend::Redis(s) => s.put(tenant, id, bytes).await,
+            Backend::S3(s) => s.put(tenant, id, bytes).await,
         }
     }
 
@@ -72,6 +76,7 @@ impl ArtifactStore for Backend {
         match self {
             Backend::File(s) => s.get(tenant, id).await,
             Backend::Redis(s) => s.get(tenant, id).await,
+            Backend::S3(s) => s.get(tenant, id).await,
         }
     }
 
@@ -79,6 +84,7 @@ impl ArtifactStore for Backend {
         match self {
             Backend::File(s) => s.check().await,
             Backend::Redis(s) => s.check().await,
+            Backend::S3(s) => s.check().await,
         }
     }
 }
