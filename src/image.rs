@@ -140,6 +140,11 @@ pub fn header_size(head: &[u8]) -> Option<(u32, u32)> {
     reader.into_dimensions().ok()
 }
 
+/// The image type the first bytes of a file announce, if any of the four.
+pub fn sniff(head: &[u8]) -> Option<ImageType> {
+    ImageType::from_format(image::guess_format(head).ok()?)
+}
+
 /// Checks image bytes: the type from the magic bytes, the size from the header, and that the
 /// file ends as its format requires. `declared` is the type the image was labelled with.
 pub fn check(bytes: Bytes, declared: Option<&str>) -> Result<Checked, Refusal> {

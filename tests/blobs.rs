@@ -2,8 +2,10 @@
 //! the embedded state store: a sidecar whose disk holds only session state. Needs an S3
 //! endpoint in `SLUICE_TEST_S3` with a bucket `sluice` and the credentials in the AWS
 //! environment (`.ci/run` starts SeaweedFS on 127.0.0.1:8333): run with
-//! `cargo test --test blobs -- --ignored`. The shared-mode suite (tests/shared.rs) runs on S3
-//! blobs too.
+//! `cargo test --test blobs -- --ignored`. Covered: the object in the bucket before the
+//! reference goes out (T3), read by any sidecar, written once, tenant-scoped (S3); the bucket
+//! down or hung (bounded wait, 503, nothing forwarded); idle expiry and its refresh (S2); a
+//! large download streamed. The shared-mode suite (tests/shared.rs) runs on S3 blobs too.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: fail loudly
 
@@ -247,4 +249,33 @@ async fn used_artifacts_stay_and_idle_ones_are_swept() {
         store.head(&object(&ids[1])).await.is_err(),
         "idle past the TTL: swept"
     );
+}
+
+/// A download too large for the in-process cache (here a 12 MB log) is passed on from the
+/// bucket as it arrives, with its length, rather than read whole first.
+#[tokio::test]
+#[ignore = "needs an S3 endpoint: cargo test --test blobs -- --ignored"]
+async fn a_large_artifact_is_streamed_from_the_bucket() {
+    let prefix = format!("stream-{}/", uuid::Uuid::new_v4().simple());
+    let mock = MockUpstream::start();
+    let sluice = Sluice::start(&config(&mock, &endpoint(), &prefix));
+    let key = "sk-stream";
+    let output = tool_output(12_000_000);
+    assert_eq!(post(&sluice, key, &spilling(&output)).await.status(), 200);
+    let id = artifact_of(&mock);
+    let got = client()
+        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.headers()["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(got.content_length(), Some(output.len() as u64));
+    assert!(got.text().await.unwrap() == output);
+    let streamed = common::metric(
+        &sluice.metrics().await,
+        "sluice_artifact_store_seconds_count{op=\"stream\",result=\"ok\"}",
+    );
+    assert_eq!(streamed, 1.0, "read from the bucket as a stream");
 }

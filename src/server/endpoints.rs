@@ -10,7 +10,8 @@ use crate::error::GatewayError;
 use crate::projection::exit::cursor::{Cursor, CursorError};
 use crate::projection::exit::notice;
 use crate::projection::exit::text::Lines;
-use crate::store::{ArtifactId, ArtifactKind};
+use crate::store::s3::Read;
+use crate::store::{ArtifactId, ArtifactKind, StoreError};
 use crate::tenant::Tenant;
 
 use super::{full, plain, App, Body, Context, Shared, NEXT_CURSOR};
@@ -47,21 +48,18 @@ impl App {
         };
         if let Some(id) = path.strip_prefix("/v1/sluice/artifacts/") {
             let id = ArtifactId::parse(id).ok_or_else(not_found)?;
-            let bytes = self
+            let read = self
                 .artifacts
-                .get(&tenant, &id)
+                .read(&tenant, &id)
                 .await
                 .map_err(store_error)?
                 .ok_or_else(not_found)?;
-            let content_type = match id.kind {
-                ArtifactKind::Text => "text/plain; charset=utf-8",
-                ArtifactKind::Media => match crate::audio::AudioType::sniff(&bytes) {
-                    Some(audio) => audio.mime(),
-                    None => crate::image::check(bytes.clone(), None)
-                        .map_or("application/octet-stream", |image| image.kind.mime()),
-                },
+            return match read {
+                Read::Whole(bytes) => Ok(plain(StatusCode::OK, media_type(&id, &bytes), bytes)),
+                Read::Stream { size, stream } => {
+                    streamed(&id, size, stream).await.map_err(store_error)
+                }
             };
-            return Ok(plain(StatusCode::OK, content_type, bytes));
         }
         if path != "/v1/sluice/read" {
             return Err(not_found());
@@ -107,6 +105,46 @@ impl App {
         }
         Ok(response)
     }
+}
+
+/// What a download of artifact `id` is served as, from its first bytes: its media's own type
+/// (the bytes were checked when stored), text as UTF-8.
+fn media_type(id: &ArtifactId, head: &[u8]) -> &'static str {
+    match id.kind {
+        ArtifactKind::Text => "text/plain; charset=utf-8",
+        ArtifactKind::Media => match crate::audio::AudioType::sniff(head) {
+            Some(audio) => audio.mime(),
+            None => crate::image::sniff(head).map_or("application/octet-stream", |i| i.mime()),
+        },
+    }
+}
+
+/// A download passed on from the bucket chunk by chunk, its type read off the first chunk.
+async fn streamed(
+    id: &ArtifactId,
+    size: u64,
+    mut stream: futures_util::stream::BoxStream<'static, Result<Bytes, StoreError>>,
+) -> Result<Response<Body>, StoreError> {
+    use futures_util::StreamExt;
+    let first = stream.next().await.transpose()?.unwrap_or_default();
+    let content_type = media_type(id, &first);
+    let frames = futures_util::stream::once(async move { Ok(first) })
+        .chain(stream)
+        .map(|chunk| {
+            chunk
+                .map(hyper::body::Frame::data)
+                .map_err(|e| Box::new(e) as crate::upstream::BoxError)
+        });
+    let mut response = Response::new(http_body_util::BodyExt::boxed_unsync(
+        http_body_util::StreamBody::new(frames),
+    ));
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type),
+    );
+    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(size));
+    Ok(response)
 }
 
 impl Shared {

@@ -89,6 +89,20 @@ impl ArtifactStore for Backend {
     }
 }
 
+/// A backend that may keep its artifacts in a bucket, which [`Artifacts::read`] streams from.
+pub trait AsBucket {
+    fn bucket(&self) -> Option<&s3::S3Store>;
+}
+
+impl AsBucket for Backend {
+    fn bucket(&self) -> Option<&s3::S3Store> {
+        match self {
+            Backend::S3(s) => Some(s),
+            Backend::File(_) | Backend::Redis(_) => None,
+        }
+    }
+}
+
 /// The artifact store sluice uses: a backend with a bounded cache of recent artifacts in front.
 pub struct Artifacts<S> {
     backend: S,
@@ -156,6 +170,40 @@ impl<S: ArtifactStore> Artifacts<S> {
         let result = self.backend.put(tenant, id, bytes).await;
         self.observe("put", start, result.is_ok());
         result
+    }
+
+    /// The artifact for a download: whole from the cache or a store that keeps it in memory
+    /// anyway, streamed from a bucket when it is too large for the cache (25 MB of audio, 60 MB
+    /// of text need not sit in memory while a client reads them).
+    pub async fn read(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+    ) -> Result<Option<s3::Read>, StoreError>
+    where
+        S: AsBucket,
+    {
+        let Some(bucket) = self.backend.bucket() else {
+            return Ok(self.get(tenant, id).await?.map(s3::Read::Whole));
+        };
+        let key = (*tenant.key(), *id);
+        if let Some(bytes) = self.cache.get(&key) {
+            return Ok(Some(s3::Read::Whole(bytes)));
+        }
+        let start = Instant::now();
+        let result = bucket
+            .read(tenant, id, ARTIFACT_CACHE_MAX_ENTRY as u64)
+            .await;
+        let op = match &result {
+            Ok(Some(s3::Read::Stream { .. })) => "stream",
+            _ => "get",
+        };
+        self.observe(op, start, result.is_ok());
+        let found = result?;
+        if let Some(s3::Read::Whole(bytes)) = &found {
+            self.remember(key, bytes);
+        }
+        Ok(found)
     }
 
     pub async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ClientOptions, GetResult, ObjectStore, ObjectStoreExt, RetryConfig};
 
 use super::{ArtifactId, ArtifactStore, StoreError};
 use crate::config::blobs::BlobsConfig;
@@ -34,6 +34,15 @@ use crate::tenant::Tenant;
 pub const S3_WAIT: Duration = Duration::from_secs(10);
 /// One attempt's limit; a large artifact's upload gets the whole of [`S3_WAIT`].
 const ATTEMPT: Duration = Duration::from_secs(8);
+
+/// An artifact read back: whole, or streamed from the bucket with its size.
+pub enum Read {
+    Whole(Bytes),
+    Stream {
+        size: u64,
+        stream: futures_util::stream::BoxStream<'static, Result<Bytes, StoreError>>,
+    },
+}
 
 #[derive(Clone)]
 pub struct S3Store {
@@ -104,6 +113,41 @@ impl S3Store {
         now.saturating_sub(modified) > (self.ttl / 4).as_secs() as i64
     }
 
+    /// An artifact over `whole_up_to` bytes as a stream from the bucket (not held in memory),
+    /// a smaller one whole (as [`ArtifactStore::get`]); `Ok(None)` when there is none.
+    pub async fn read(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        whole_up_to: u64,
+    ) -> Result<Option<Read>, StoreError> {
+        let path = self.path(tenant, id);
+        let got = match bounded(self.store.get(&path)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(failed(e)),
+        };
+        if got.meta.size <= whole_up_to {
+            return self.whole(&path, got).await.map(|b| Some(Read::Whole(b)));
+        }
+        let size = got.meta.size;
+        let stream = got.into_stream().map(|chunk| chunk.map_err(failed)).boxed();
+        Ok(Some(Read::Stream { size, stream }))
+    }
+
+    /// A fetched object's bytes, written again first when it is getting old (S2: a read keeps
+    /// the artifact alive, once per quarter TTL at most; a failure costs only the refresh).
+    async fn whole(&self, path: &Path, got: GetResult) -> Result<Bytes, StoreError> {
+        let modified = got.meta.last_modified.timestamp();
+        let bytes = bounded(got.bytes()).await.map_err(failed)?;
+        if self.stale(modified) {
+            if let Err(e) = self.upload(path, bytes.clone()).await {
+                tracing::warn!(error = %e, "cannot refresh an artifact's idle time");
+            }
+        }
+        Ok(bytes)
+    }
+
     async fn upload(&self, path: &Path, bytes: Bytes) -> Result<(), StoreError> {
         bounded(self.store.put(path, bytes.into()))
             .await
@@ -147,21 +191,11 @@ impl ArtifactStore for S3Store {
 
     async fn get(&self, tenant: &Tenant, id: &ArtifactId) -> Result<Option<Bytes>, StoreError> {
         let path = self.path(tenant, id);
-        let got = match bounded(self.store.get(&path)).await {
-            Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(failed(e)),
-        };
-        let modified = got.meta.last_modified.timestamp();
-        let bytes = bounded(got.bytes()).await.map_err(failed)?;
-        if self.stale(modified) {
-            // A read keeps the artifact alive (S2): once per quarter TTL at most, so written
-            // again before the reader has it (a failure costs only the refresh).
-            if let Err(e) = self.upload(&path, bytes.clone()).await {
-                tracing::warn!(error = %e, "cannot refresh an artifact's idle time");
-            }
+        match bounded(self.store.get(&path)).await {
+            Ok(got) => self.whole(&path, got).await.map(Some),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(failed(e)),
         }
-        Ok(Some(bytes))
     }
 
     /// The bucket answers for this client: a HEAD of a key that is never written is a 404
