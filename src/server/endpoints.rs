@@ -55,7 +55,7 @@ impl App {
                 .map_err(store_error)?
                 .ok_or_else(not_found)?;
             return match read {
-                Read::Whole(bytes) => Ok(plain(StatusCode::OK, media_type(&id, &bytes), bytes)),
+                Read::Whole(bytes) => Ok(plain(StatusCode::OK, served_type(&id, &bytes), bytes)),
                 Read::Stream { size, stream } => {
                     streamed(&id, size, stream).await.map_err(store_error)
                 }
@@ -109,7 +109,7 @@ impl App {
 
 /// What a download of artifact `id` is served as, from its first bytes: its media's own type
 /// (the bytes were checked when stored), text as UTF-8.
-fn media_type(id: &ArtifactId, head: &[u8]) -> &'static str {
+fn served_type(id: &ArtifactId, head: &[u8]) -> &'static str {
     match id.kind {
         ArtifactKind::Text => "text/plain; charset=utf-8",
         ArtifactKind::Media => match crate::audio::AudioType::sniff(head) {
@@ -127,7 +127,7 @@ async fn streamed(
 ) -> Result<Response<Body>, StoreError> {
     use futures_util::StreamExt;
     let first = stream.next().await.transpose()?.unwrap_or_default();
-    let content_type = media_type(id, &first);
+    let content_type = served_type(id, &first);
     let frames = futures_util::stream::once(async move { Ok(first) })
         .chain(stream)
         .map(|chunk| {
