@@ -305,9 +305,9 @@ async fn a_tenant_holding_its_body_share_gets_429_and_another_tenant_is_served()
 }
 
 /// Connections past `max_connections` (docs/reliability.md "Tenants"): at the cap, a newcomer is
-/// served at once and the connection idle the longest is closed for it, not the newer idle
-/// one; without shedding the newcomer would wait in the listen queue for as long as the idle
-/// clients keep their connections.
+/// served once the connection idle the longest has been idle for the shedder's grace (1 s) and
+/// is closed for it, not the newer idle one; without shedding the newcomer would wait in the
+/// listen queue for as long as the idle clients keep their connections.
 #[tokio::test]
 async fn at_the_connection_cap_the_oldest_idle_connection_makes_room() {
     use tokio::io::AsyncReadExt;

@@ -5,7 +5,10 @@
 //! is idle, the newcomer waits for a place as before.
 //!
 //! A connection counts as busy from the moment its request reaches the handler until the
-//! request's response body ends (the request's `InFlight` holds a [`Busy`]).
+//! request's response body ends (the request's `InFlight` holds a [`Busy`]). Only a connection
+//! idle for [`IDLE_BEFORE_SHED_MS`] can be chosen: one accepted a moment ago whose head is not
+//! read yet, or a client's keep-alive between two quick requests, is not idle in the sense that
+//! matters, and closing it would cut a request on its way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -13,6 +16,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use tokio::sync::Notify;
+
+/// How long a connection must have been idle (since its accept or its last answer) before it
+/// may be closed for a newcomer.
+pub(super) const IDLE_BEFORE_SHED_MS: u64 = 1_000;
 
 /// One served connection's state, as the shedder sees it.
 pub(super) struct Connection {
@@ -110,14 +117,22 @@ impl Registry {
         Registered { id, connection }
     }
 
-    /// Tells the connection idle the longest to close; false when none is idle. A chosen one
-    /// is not chosen again unless a request kept it.
+    /// Tells the connection idle the longest to close; false when none has been idle for
+    /// [`IDLE_BEFORE_SHED_MS`]. A chosen one is not chosen again unless a request kept it.
     pub(super) fn shed_oldest_idle(&self) -> bool {
+        self.shed_idle_at(self.now())
+    }
+
+    /// [`Registry::shed_oldest_idle`] at `now` (milliseconds since the registry began).
+    fn shed_idle_at(&self, now: u64) -> bool {
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let oldest = open
             .values()
             .filter(|c| c.busy.load(Ordering::Acquire) == 0 && !c.chosen.load(Ordering::Acquire))
-            .min_by_key(|c| c.idle_since.load(Ordering::Relaxed));
+            .map(|c| (c, c.idle_since.load(Ordering::Relaxed)))
+            .filter(|(_, since)| now.saturating_sub(*since) >= IDLE_BEFORE_SHED_MS)
+            .min_by_key(|(_, since)| *since)
+            .map(|(c, _)| c);
         let Some(connection) = oldest else {
             return false;
         };
@@ -145,14 +160,19 @@ mod tests {
         // b's last request ended after a's.
         a.connection.idle_since.store(10, Ordering::Relaxed);
         b.connection.idle_since.store(20, Ordering::Relaxed);
-        assert!(registry.shed_oldest_idle());
+        let later = 20 + IDLE_BEFORE_SHED_MS;
+        assert!(registry.shed_idle_at(later));
         assert!(a.connection.chosen().await, "a was idle longest");
-        assert!(registry.shed_oldest_idle());
+        assert!(registry.shed_idle_at(later));
         assert!(b.connection.chosen().await);
-        assert!(!registry.shed_oldest_idle(), "c is busy");
+        assert!(!registry.shed_idle_at(later), "c is busy");
         drop(busy);
-        assert!(registry.shed_oldest_idle());
-        assert!(!registry.shed_oldest_idle(), "each is chosen once");
+        let c_since = c.connection.idle_since.load(Ordering::Relaxed);
+        assert!(registry.shed_idle_at(c_since + IDLE_BEFORE_SHED_MS));
+        assert!(
+            !registry.shed_idle_at(c_since + IDLE_BEFORE_SHED_MS),
+            "each is chosen once"
+        );
         drop((a, b, c));
         assert!(registry.open.lock().unwrap().is_empty());
     }
@@ -162,10 +182,27 @@ mod tests {
     async fn a_connection_busy_when_told_is_kept() {
         let registry = Registry::new();
         let a = registry.register();
-        assert!(registry.shed_oldest_idle());
+        assert!(registry.shed_idle_at(IDLE_BEFORE_SHED_MS));
         let busy = a.connection.enter();
         assert!(!a.connection.chosen().await);
         drop(busy);
-        assert!(registry.shed_oldest_idle(), "kept, it can be chosen again");
+        let since = a.connection.idle_since.load(Ordering::Relaxed);
+        assert!(
+            registry.shed_idle_at(since + IDLE_BEFORE_SHED_MS),
+            "kept, it can be chosen again"
+        );
+    }
+
+    /// A connection accepted a moment ago (its head perhaps not read yet), or idle between two
+    /// quick requests, is not closed for a newcomer: only one idle for the whole grace is.
+    #[tokio::test]
+    async fn a_connection_idle_for_less_than_the_grace_is_never_chosen() {
+        let registry = Registry::new();
+        let a = registry.register();
+        let since = a.connection.idle_since.load(Ordering::Relaxed);
+        assert!(!registry.shed_oldest_idle(), "just accepted");
+        assert!(!registry.shed_idle_at(since + IDLE_BEFORE_SHED_MS - 1));
+        assert!(registry.shed_idle_at(since + IDLE_BEFORE_SHED_MS));
+        assert!(a.connection.chosen().await);
     }
 }

@@ -327,10 +327,7 @@ async fn accept(listener: &TcpListener, shared: &Shared) -> Next {
             }
             // Cancel-safe: a connection not taken stays in the queue.
             accepted = listener.accept() => {
-                if accepted.is_ok() && shared.registry.shed_oldest_idle() {
-                    shared.metrics.connections_shed_total.inc();
-                }
-                let Ok(permit) = connections.clone().acquire_owned().await else {
+                let Some(permit) = make_room(shared, accepted.is_ok()).await else {
                     return Next::Closed;
                 };
                 (accepted, permit)
@@ -346,6 +343,27 @@ async fn accept(listener: &TcpListener, shared: &Shared) -> Next {
         }
     }
 }
+
+/// A place for a connection accepted at the cap: the connection idle the longest is closed for
+/// it (`shed.rs`), and while none has been idle long enough, the choice is made again every
+/// [`SHED_RETRY`] until a place comes free one way or the other. None once the cap is closed.
+async fn make_room(shared: &Shared, shed: bool) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let connections = &shared.connections;
+    let mut shed = shed;
+    loop {
+        if shed && shared.registry.shed_oldest_idle() {
+            shared.metrics.connections_shed_total.inc();
+            shed = false;
+        }
+        tokio::select! {
+            permit = connections.clone().acquire_owned() => return permit.ok(),
+            () = tokio::time::sleep(SHED_RETRY), if shed => {}
+        }
+    }
+}
+
+/// How often a connection waiting at the cap looks again for one idle long enough to close.
+const SHED_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The worker serving the fewest connections; among equals, the first from `turn` on, so
 /// connections that arrive while all are idle go round the workers.
