@@ -20,10 +20,15 @@ use common::{
 };
 use serde_json::{json, Value};
 
-/// The Redis the tests share: one node, or a cluster's node when `SLUICE_TEST_REDIS_CLUSTER`
-/// names one.
+/// The Redis the tests share: one node (`SLUICE_TEST_REDIS`, else 127.0.0.1:6379), or a
+/// cluster's node when `SLUICE_TEST_REDIS_CLUSTER` names one. Either may be Valkey.
 fn redis() -> String {
-    cluster().unwrap_or_else(|| "redis://127.0.0.1:6379/0".into())
+    cluster().unwrap_or_else(|| {
+        std::env::var("SLUICE_TEST_REDIS")
+            .ok()
+            .filter(|url| !url.is_empty())
+            .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into())
+    })
 }
 
 fn cluster() -> Option<String> {

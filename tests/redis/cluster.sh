@@ -11,24 +11,41 @@ if redis-cli -p "$base" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; t
   exit 0
 fi
 mkdir -p "$dir"
+# Why a start failed, printed before giving up: each node's log tail.
+logs() {
+  for port in $(seq "$base" $((base + 5))); do
+    echo "--- $dir/$port/log" >&2
+    tail -5 "$dir/$port/log" >&2 2>/dev/null || true
+  done
+}
 nodes=()
 for i in 0 1 2 3 4 5; do
   port=$((base + i))
   mkdir -p "$dir/$port"
-  # A node left from an earlier run: start afresh.
+  # A node left from an earlier run: stop it, and wait until its port is free.
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  rm -f "$dir/$port/nodes.conf"
+  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
+  rm -f "$dir/$port/nodes.conf" "$dir/$port/log"
   redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --cluster-enabled yes \
     --cluster-config-file "$dir/$port/nodes.conf" --cluster-node-timeout 2000 \
     --save "" --appendonly no --dir "$dir/$port" --logfile "$dir/$port/log"
   nodes+=("127.0.0.1:$port")
 done
 for port in $(seq "$base" $((base + 5))); do
-  for _ in $(seq 50); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  up=""
+  for _ in $(seq 100); do
+    if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then up=1; break; fi
+    sleep 0.1
+  done
+  [ -n "$up" ] || { echo "redis node on $port did not start" >&2; logs; exit 1; }
 done
-redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
+if ! out=$(redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes 2>&1); then
+  echo "$out" | tail -20 >&2
+  logs
+  exit 1
+fi
 for _ in $(seq 100); do
   redis-cli -p "$base" cluster info | grep -q 'cluster_state:ok' && break
   sleep 0.1
 done
-redis-cli -p "$base" cluster info | grep cluster_state
+redis-cli -p "$base" cluster info | grep 'cluster_state:ok' || { logs; exit 1; }
