@@ -8,28 +8,10 @@
 
 mod common;
 
-use common::{b64, client, get_as, metric, MockUpstream, Reply, Sluice, D, DIALECTS};
+use common::{b64, client, get_as, metric, wav, MockUpstream, Reply, Sluice, D, DIALECTS};
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-audio";
-
-/// A mono 16-bit 8 kHz WAV of `millis` milliseconds (a quiet ramp, so its bytes vary).
-fn wav(millis: u32) -> Vec<u8> {
-    let data = 16 * millis;
-    let mut out = Vec::new();
-    out.extend_from_slice(b"RIFF");
-    out.extend_from_slice(&(36 + data).to_le_bytes());
-    out.extend_from_slice(b"WAVEfmt ");
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&[1, 0, 1, 0]);
-    out.extend_from_slice(&8000u32.to_le_bytes());
-    out.extend_from_slice(&16000u32.to_le_bytes());
-    out.extend_from_slice(&[2, 0, 16, 0]);
-    out.extend_from_slice(b"data");
-    out.extend_from_slice(&data.to_le_bytes());
-    out.extend((0..data).map(|i| (i % 251) as u8));
-    out
-}
 
 /// A request whose one tool result is `text` (a string), in dialect `d`.
 fn request(d: D, text: &str) -> Value {

@@ -69,6 +69,16 @@ async fn post(sluice: &Sluice, key: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// `GET /v1/sluice/artifacts/{id}` from `sluice` as the tenant of `key`.
+async fn download(sluice: &Sluice, key: &str, id: &str) -> reqwest::Response {
+    client()
+        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// T3, S1-S3 on S3: a spilled output is an object in the bucket before the request goes out
 /// (nothing under the data dir), read back through this sidecar and through another with a
 /// data dir of its own; a second write of the same content uploads nothing; another tenant
@@ -105,21 +115,11 @@ async fn spilled_outputs_live_in_the_bucket_and_any_sidecar_reads_them() {
 
     let other = Sluice::start(&config(&mock, &endpoint(), &prefix));
     for sluice in [&one, &other] {
-        let got = client()
-            .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
+        let got = download(sluice, key, &id).await;
         assert_eq!(got.status(), 200);
         assert!(got.text().await.unwrap() == output);
     }
-    let stranger = client()
-        .get(other.url(&format!("/v1/sluice/artifacts/{id}")))
-        .bearer_auth("sk-stranger")
-        .send()
-        .await
-        .unwrap();
+    let stranger = download(&other, "sk-stranger", &id).await;
     assert_eq!(stranger.status(), 404, "S3: another tenant sees nothing");
     // The other sidecar has never written it: its spill of the same output finds the object.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -227,12 +227,7 @@ async fn used_artifacts_stay_and_idle_ones_are_swept() {
     let store = bucket();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(7) {
-        let got = client()
-            .get(sluice.url(&format!("/v1/sluice/artifacts/{}", ids[0])))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
+        let got = download(&sluice, key, &ids[0]).await;
         assert_eq!(
             got.status(),
             200,
@@ -263,12 +258,7 @@ async fn a_large_artifact_is_streamed_from_the_bucket() {
     let output = tool_output(12_000_000);
     assert_eq!(post(&sluice, key, &spilling(&output)).await.status(), 200);
     let id = artifact_of(&mock);
-    let got = client()
-        .get(sluice.url(&format!("/v1/sluice/artifacts/{id}")))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
+    let got = download(&sluice, key, &id).await;
     assert_eq!(got.status(), 200);
     assert_eq!(got.headers()["content-type"], "text/plain; charset=utf-8");
     assert_eq!(got.content_length(), Some(output.len() as u64));

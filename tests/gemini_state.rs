@@ -156,23 +156,6 @@ async fn retain_keeps_every_image_and_the_history_byte_stable_a8() {
     }
 }
 
-/// A mono 16-bit 8 kHz WAV of `millis` milliseconds.
-fn wav(millis: u32) -> Vec<u8> {
-    let data = 16 * millis;
-    let mut out = b"RIFF".to_vec();
-    out.extend_from_slice(&(36 + data).to_le_bytes());
-    out.extend_from_slice(b"WAVEfmt ");
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&[1, 0, 1, 0]);
-    out.extend_from_slice(&8000u32.to_le_bytes());
-    out.extend_from_slice(&16000u32.to_le_bytes());
-    out.extend_from_slice(&[2, 0, 16, 0]);
-    out.extend_from_slice(b"data");
-    out.extend_from_slice(&data.to_le_bytes());
-    out.extend((0..data).map(|i| (i % 251) as u8));
-    out
-}
-
 /// A1, M4: Gemini takes no audio in a function response: a clip there (as `inlineData` or as
 /// an MCP item in the response's text) is stored as an artifact and named, never sent, even on
 /// a route that accepts audio; the strict mock accepts what is forwarded.

@@ -17,7 +17,6 @@
 //! - Credentials from the standard AWS environment (`AWS_ACCESS_KEY_ID`,
 //!   `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, a web-identity token file); never logged.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -44,9 +43,9 @@ pub enum Read {
     },
 }
 
-#[derive(Clone)]
+/// Artifacts in an S3-compatible bucket, under `prefix` and the tenant's namespace.
 pub struct S3Store {
-    store: Arc<AmazonS3>,
+    store: AmazonS3,
     prefix: String,
     ttl: Duration,
 }
@@ -94,7 +93,7 @@ impl S3Store {
         }
         let store = builder.build().map_err(|e| e.to_string())?;
         Ok(S3Store {
-            store: Arc::new(store),
+            store,
             prefix: config.prefix.clone(),
             ttl,
         })

@@ -337,6 +337,24 @@ pub fn picture(w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
     out.into_inner()
 }
 
+/// A mono 16-bit 8 kHz WAV of `millis` milliseconds (a quiet ramp, so its bytes vary).
+pub fn wav(millis: u32) -> Vec<u8> {
+    let data = 16 * millis;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + data).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    out.extend_from_slice(&16u32.to_le_bytes());
+    out.extend_from_slice(&[1, 0, 1, 0]);
+    out.extend_from_slice(&8000u32.to_le_bytes());
+    out.extend_from_slice(&16000u32.to_le_bytes());
+    out.extend_from_slice(&[2, 0, 16, 0]);
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&data.to_le_bytes());
+    out.extend((0..data).map(|i| (i % 251) as u8));
+    out
+}
+
 /// Standard base64.
 pub fn b64(bytes: &[u8]) -> String {
     base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
