@@ -247,13 +247,18 @@ async fn used_artifacts_stay_and_idle_ones_are_swept() {
 }
 
 /// A download too large for the in-process cache (here a 12 MB log) is passed on from the
-/// bucket as it arrives, with its length, rather than read whole first.
+/// bucket as it arrives, with its length, rather than read whole first; a streamed read keeps
+/// the object alive as a whole one does (S2: past a quarter of the TTL, here 8 s, it is written
+/// again, server-side).
 #[tokio::test]
 #[ignore = "needs an S3 endpoint: cargo test --test blobs -- --ignored"]
 async fn a_large_artifact_is_streamed_from_the_bucket() {
     let prefix = format!("stream-{}/", uuid::Uuid::new_v4().simple());
     let mock = MockUpstream::start();
-    let sluice = Sluice::start(&config(&mock, &endpoint(), &prefix));
+    let sluice = Sluice::start_with(
+        &config(&mock, &endpoint(), &prefix),
+        &[("SLUICE_STORE__IDLE_TTL_SECONDS", "8")],
+    );
     let key = "sk-stream";
     let output = tool_output(12_000_000);
     assert_eq!(post(&sluice, key, &spilling(&output)).await.status(), 200);
@@ -268,4 +273,22 @@ async fn a_large_artifact_is_streamed_from_the_bucket() {
         "sluice_artifact_store_seconds_count{op=\"stream\",result=\"ok\"}",
     );
     assert_eq!(streamed, 1.0, "read from the bucket as a stream");
+
+    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
+    let object = Path::from(format!("{prefix}{}/{id}", tenant.namespace()));
+    let store = bucket();
+    let written = store.head(&object).await.unwrap().last_modified;
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let again = download(&sluice, key, &id).await;
+    assert_eq!(again.content_length(), Some(output.len() as u64));
+    assert!(again.text().await.unwrap() == output);
+    let renewed = store.head(&object).await.unwrap();
+    assert!(
+        renewed.last_modified > written,
+        "a streamed read renews the object ({written} then {})",
+        renewed.last_modified
+    );
+    assert_eq!(renewed.size, output.len() as u64);
+    let sibling = Path::from(format!("{object}.refresh"));
+    assert!(store.head(&sibling).await.is_err(), "no copy left behind");
 }

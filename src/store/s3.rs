@@ -130,8 +130,28 @@ impl S3Store {
             return self.whole(&path, got).await.map(|b| Some(Read::Whole(b)));
         }
         let size = got.meta.size;
+        if self.stale(got.meta.last_modified.timestamp()) {
+            self.refresh_in_place(&path).await;
+        }
         let stream = got.into_stream().map(|chunk| chunk.map_err(failed)).boxed();
         Ok(Some(Read::Stream { size, stream }))
+    }
+
+    /// Renews the idle time of an object too large to hold (S2: a streamed read keeps it alive
+    /// as a whole one does) without passing its bytes through sluice: copied server-side to a
+    /// sibling key and back, since S3 refuses a copy onto itself that changes nothing. The
+    /// object stays readable throughout (the copy back replaces it whole); a failure costs only
+    /// the refresh, and a sibling left behind by one is swept after the TTL like any object.
+    async fn refresh_in_place(&self, path: &Path) {
+        let sibling = Path::from(format!("{path}.refresh"));
+        let renewed = async {
+            bounded(self.store.copy(path, &sibling)).await?;
+            bounded(self.store.copy(&sibling, path)).await?;
+            bounded(self.store.delete(&sibling)).await
+        };
+        if let Err(e) = renewed.await {
+            tracing::warn!(error = %failed(e), "cannot refresh an artifact's idle time");
+        }
     }
 
     /// A fetched object's bytes, written again first when it is getting old (S2: a read keeps
