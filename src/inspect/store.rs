@@ -136,7 +136,7 @@ impl TurnStore {
                         .map_err(io)?
                         .get(key.as_str())
                         .map_err(io)?
-                        .and_then(|v| serde_json::from_slice::<Chains>(v.value()).ok()),
+                        .and_then(|v| unpacked::<Chains>(v.value())),
                     false => None,
                 };
                 (head, chains)
@@ -148,16 +148,13 @@ impl TurnStore {
                 if with_chains {
                     get.arg(redis_key(&conn, ns, id, "chains"));
                 }
-                let found: Vec<Option<String>> = get.query_async(&mut conn).await.map_err(io)?;
+                let found: Vec<Option<Vec<u8>>> = get.query_async(&mut conn).await.map_err(io)?;
                 let mut found = found.into_iter();
                 let head = found
                     .next()
                     .flatten()
-                    .and_then(|v| serde_json::from_str(&v).ok());
-                let chains = found
-                    .next()
-                    .flatten()
-                    .and_then(|v| serde_json::from_str(&v).ok());
+                    .and_then(|v| serde_json::from_slice(&v).ok());
+                let chains = found.next().flatten().and_then(|v| unpacked(&v));
                 (head, chains)
             }
         };
@@ -182,8 +179,8 @@ impl TurnStore {
     ) -> Result<(), StoreError> {
         let (head_json, chains_json, turn_json) = (
             serde_json::to_vec(head).map_err(io)?,
-            serde_json::to_vec(chains).map_err(io)?,
-            serde_json::to_vec(turn).map_err(io)?,
+            pack(&serde_json::to_vec(chains).map_err(io)?)?,
+            pack(&serde_json::to_vec(turn).map_err(io)?)?,
         );
         let id = &head.id;
         match self {
@@ -352,7 +349,7 @@ impl TurnStore {
                     let mut turns = Vec::new();
                     for entry in table.range(from.as_str()..to.as_str()).map_err(io)? {
                         let (_, v) = entry.map_err(io)?;
-                        turns.extend(serde_json::from_slice::<Turn>(v.value()).ok());
+                        turns.extend(unpacked::<Turn>(v.value()));
                     }
                     Ok(turns)
                 })
@@ -360,16 +357,14 @@ impl TurnStore {
             }
             TurnStore::Redis(conn) => {
                 let mut conn = conn.clone();
-                let raw: Vec<String> = redis::cmd("LRANGE")
+                let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
                     .arg(redis_key(&conn, ns, id, "turns"))
                     .arg(0)
                     .arg(-1)
                     .query_async(&mut conn)
                     .await
                     .map_err(io)?;
-                raw.iter()
-                    .filter_map(|v| serde_json::from_str(v).ok())
-                    .collect()
+                raw.iter().filter_map(|v| unpacked(v)).collect()
             }
         };
         Ok(Some((head, turns)))
@@ -411,6 +406,30 @@ impl TurnStore {
 
 /// One of a session's records; on a cluster all of a namespace's keys share its slot, so the
 /// index and the session's records are written in one transaction and read in one MGET.
+/// The zstd frame's first bytes: a record that starts with them is compressed; one that does
+/// not is JSON as records were written before they were compressed, and is read as it is.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// The most a compressed record may grow to when read back (a record is bounded far below:
+/// 512 results and 256 images or reads a turn), so a damaged value cannot make a large
+/// allocation.
+const MAX_UNPACKED: usize = 8 << 20;
+
+/// A turn record or a session's chains as stored: JSON compressed with zstd (level 3), which
+/// keeps the inspector's share of Redis or the disk several times smaller (docs/inspector.md).
+fn pack(json: &[u8]) -> Result<Vec<u8>, StoreError> {
+    zstd::bulk::compress(json, 3).map_err(io)
+}
+
+/// A stored record read back; `None` when it is neither zstd nor JSON of `T`.
+fn unpacked<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Option<T> {
+    if raw.starts_with(&ZSTD_MAGIC) {
+        let json = zstd::bulk::decompress(raw, MAX_UNPACKED).ok()?;
+        serde_json::from_slice(&json).ok()
+    } else {
+        serde_json::from_slice(raw).ok()
+    }
+}
+
 fn redis_key(conn: &crate::store::redis::Connection, ns: &str, id: &str, what: &str) -> String {
     format!("sluice:i:{}:{id}:{what}", conn.slot(ns))
 }
@@ -439,6 +458,28 @@ mod tests {
             turns,
             ..Head::default()
         }
+    }
+
+    #[test]
+    fn records_are_stored_compressed_and_plain_ones_still_read() {
+        let chains = Chains::default();
+        let json = serde_json::to_vec(&chains).unwrap();
+        let packed = pack(&json).unwrap();
+        assert!(packed.starts_with(&ZSTD_MAGIC));
+        assert_eq!(unpacked::<Chains>(&packed), Some(chains.clone()));
+        assert_eq!(
+            unpacked::<Chains>(&json),
+            Some(chains),
+            "written before compression"
+        );
+        // A long record shrinks; a damaged or oversized one reads as nothing, not a panic.
+        let long = serde_json::to_vec(&vec!["tool_result sha256 tokens"; 2000]).unwrap();
+        assert!(pack(&long).unwrap().len() * 5 < long.len());
+        let mut damaged = pack(&long).unwrap();
+        damaged.truncate(damaged.len() / 2);
+        assert_eq!(unpacked::<Vec<String>>(&damaged), None);
+        let bomb = pack(&vec![b' '; MAX_UNPACKED + 1]).unwrap();
+        assert_eq!(unpacked::<Vec<String>>(&bomb), None);
     }
 
     #[tokio::test]
