@@ -69,6 +69,12 @@ async fn post(sluice: &Sluice, key: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// Where the artifact `id` of the tenant of `key` lives in the bucket, under `prefix`.
+fn object_of(prefix: &str, key: &str, id: &str) -> Path {
+    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
+    Path::from(format!("{prefix}{}/{id}", tenant.namespace()))
+}
+
 /// `GET /v1/sluice/artifacts/{id}` from `sluice` as the tenant of `key`.
 async fn download(sluice: &Sluice, key: &str, id: &str) -> reqwest::Response {
     client()
@@ -98,8 +104,7 @@ async fn spilled_outputs_live_in_the_bucket_and_any_sidecar_reads_them() {
         .unwrap()
         .starts_with("spilled=1"));
     let id = artifact_of(&mock);
-    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
-    let object = Path::from(format!("{prefix}{}/{id}", tenant.namespace()));
+    let object = object_of(&prefix, key, &id);
     let store = bucket();
     let first = store
         .head(&object)
@@ -212,7 +217,6 @@ async fn used_artifacts_stay_and_idle_ones_are_swept() {
         &[("SLUICE_STORE__IDLE_TTL_SECONDS", "3")],
     );
     let key = "sk-sweep";
-    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
     let mut ids = Vec::new();
     for size in [60_000, 70_000] {
         assert_eq!(
@@ -223,7 +227,7 @@ async fn used_artifacts_stay_and_idle_ones_are_swept() {
         );
         ids.push(artifact_of(&mock));
     }
-    let object = |id: &str| Path::from(format!("{prefix}{}/{id}", tenant.namespace()));
+    let object = |id: &str| object_of(&prefix, key, id);
     let store = bucket();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(7) {
@@ -274,8 +278,7 @@ async fn a_large_artifact_is_streamed_from_the_bucket() {
     );
     assert_eq!(streamed, 1.0, "read from the bucket as a stream");
 
-    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
-    let object = Path::from(format!("{prefix}{}/{id}", tenant.namespace()));
+    let object = object_of(&prefix, key, &id);
     let store = bucket();
     let written = store.head(&object).await.unwrap().last_modified;
     tokio::time::sleep(Duration::from_millis(3100)).await;

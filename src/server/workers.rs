@@ -347,9 +347,8 @@ async fn accept(listener: &TcpListener, shared: &Shared) -> Next {
 /// A place for a connection accepted at the cap: the connection idle the longest is closed for
 /// it (`shed.rs`), and while none has been idle long enough, the choice is made again every
 /// [`SHED_RETRY`] until a place comes free one way or the other. None once the cap is closed.
-async fn make_room(shared: &Shared, shed: bool) -> Option<tokio::sync::OwnedSemaphorePermit> {
+async fn make_room(shared: &Shared, mut shed: bool) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let connections = &shared.connections;
-    let mut shed = shed;
     loop {
         if shed && shared.registry.shed_oldest_idle() {
             shared.metrics.connections_shed_total.inc();
