@@ -295,3 +295,34 @@ async fn a_large_artifact_is_streamed_from_the_bucket() {
     let sibling = Path::from(format!("{object}.refresh"));
     assert!(store.head(&sibling).await.is_err(), "no copy left behind");
 }
+
+/// T5 on S3 (#39): a text over 8 MiB is never fetched whole to be paged. Another sidecar,
+/// which has never seen it, builds the text's index from 8 MiB ranges and cuts every page from
+/// a window read as a range; each page is the one the whole text gives.
+#[tokio::test]
+#[ignore = "needs an S3 endpoint: cargo test --test blobs -- --ignored"]
+async fn pages_of_a_large_text_are_cut_from_ranges_of_the_object() {
+    let prefix = format!("pages-{}/", uuid::Uuid::new_v4().simple());
+    let mock = MockUpstream::start();
+    let one = Sluice::start(&config(&mock, &endpoint(), &prefix));
+    let key = "sk-pages";
+    let output = tool_output(12_000_000);
+    assert_eq!(post(&one, key, &spilling(&output)).await.status(), 200);
+    let cursor = common::cursor_in(
+        mock.last().json()["messages"][1]["content"]
+            .as_str()
+            .unwrap(),
+    );
+    let other = Sluice::start(&config(&mock, &endpoint(), &prefix));
+    common::pages_match_the_whole_text(&other, key, &output, &cursor).await;
+    let metrics = other.metrics().await;
+    let count = |op: &str| {
+        common::metric(
+            &metrics,
+            &format!("sluice_artifact_store_seconds_count{{op=\"{op}\",result=\"ok\"}}"),
+        )
+    };
+    assert_eq!(count("get"), 0.0, "never read whole");
+    // Two ranges build the index (12 MB in 8 MiB), then one a page: 7 pages.
+    assert_eq!(count("range"), 2.0 + 7.0);
+}

@@ -186,7 +186,9 @@ async fn an_artifact_spilled_through_one_process_is_readable_through_the_other()
     );
     // The second body is over a megabyte: planned on the blocking pool, which reads and
     // writes Redis through its worker's runtime.
-    for size in [90_000, 1_200_000] {
+    // The third is over 8 MiB: paged from ranges of the store's bytes (GETRANGE, or the
+    // bucket's ranged GET), never read whole.
+    for size in [90_000, 1_200_000, 9_000_000] {
         spilled_on_one_read_on_the_other(&mock, &a, &b, size).await;
     }
 }
@@ -257,6 +259,7 @@ async fn spilled_on_one_read_on_the_other(
         200,
         "a cursor made by one replica reads on another"
     );
+    common::pages_match_the_whole_text(b, &key, &output, &cursor).await;
     let other = client()
         .get(b.url(&format!("/v1/sluice/artifacts/{id}")))
         .bearer_auth("sk-other")

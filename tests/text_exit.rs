@@ -125,6 +125,37 @@ async fn a_long_result_is_spilled_paged_and_read_back_whole_t1_t8() {
     assert_eq!(metric(&metrics, "sluice_spills_total{"), 1.0);
 }
 
+/// T5, #39: a result over 8 MiB is paged from ranges of its file, never read whole: the text's
+/// index is built from two 8 MiB ranges, then each page costs one range of about 150 KB; every
+/// page is the one the whole text gives, and the pages put together are the output.
+#[tokio::test]
+async fn a_text_over_8_mib_is_paged_from_ranges_t5() {
+    let mock = MockUpstream::start();
+    let sluice = Sluice::in_front_of(&mock);
+    let output = tool_output(9_000_000);
+    let resp = post_as(&sluice, "/v1/chat/completions", KEY, &chat_with(&output)).await;
+    assert_eq!(resp.status(), 200);
+    let shown = mock.last().json()["messages"][2]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pages = read_all(&sluice, KEY, cursor_in(&shown).unwrap()).await;
+    assert!(
+        join_pages(&shown, &pages) == output,
+        "the pages are the output"
+    );
+    let count = |metrics: &str, op: &str| {
+        metric(
+            metrics,
+            &format!("sluice_artifact_store_seconds_count{{op=\"{op}\",result=\"ok\"}}"),
+        )
+    };
+    let metrics = sluice.metrics().await;
+    assert_eq!(count(&metrics, "get"), 0.0, "never read whole");
+    assert_eq!(count(&metrics, "range"), 2.0 + pages.len() as f64);
+    common::pages_match_the_whole_text(&sluice, KEY, &output, &cursor_in(&shown).unwrap()).await;
+}
+
 #[tokio::test]
 async fn the_same_result_projects_identically_every_turn_and_after_a_restart_t7() {
     let mock = MockUpstream::start();

@@ -11,8 +11,6 @@ use serde_json::{json, Value};
 use crate::dialect::Dialect;
 use crate::projection::attach::state::SessionState;
 use crate::projection::exit::cursor::{Cursor, CursorError};
-use crate::projection::exit::notice;
-use crate::projection::exit::text::Lines;
 use crate::projection::{Edit, Span};
 use crate::store::{ArtifactId, ArtifactKind};
 use crate::tenant::Tenant;
@@ -118,24 +116,6 @@ pub fn parse_call(call: &Call, tenant: &Tenant) -> Request {
             cursor.chars().take(80).collect::<String>()
         )),
     }
-}
-
-/// The page a cursor reads, as the model sees it (the same text as `GET /v1/sluice/read`);
-/// `None` when the cursor does not read this text (its recorded range, T5).
-pub fn page(text: &str, cursor: &Cursor, tenant: &Tenant, read_tool: &str) -> Option<String> {
-    let lines = Lines::new(text);
-    if !cursor.reads(&lines) {
-        return None;
-    }
-    let page = notice::render(
-        &lines,
-        &cursor.artifact,
-        tenant,
-        cursor.at,
-        cursor.budget,
-        read_tool,
-    );
-    Some(page.text)
 }
 
 /// What the client's history must show in place of the message(s) it received, so the model

@@ -8,12 +8,11 @@ use hyper::body::Incoming;
 
 use crate::error::GatewayError;
 use crate::projection::exit::cursor::{Cursor, CursorError};
-use crate::projection::exit::notice;
-use crate::projection::exit::text::Lines;
 use crate::store::s3::Read;
 use crate::store::{ArtifactId, ArtifactKind, StoreError};
 use crate::tenant::Tenant;
 
+use super::pages::Paged;
 use super::{full, plain, App, Body, Context, Shared, NEXT_CURSOR};
 
 impl App {
@@ -72,29 +71,19 @@ impl App {
             CursorError::Malformed => GatewayError::BadCursor,
             CursorError::Foreign => not_found(),
         })?;
-        let bytes = self
-            .artifacts
-            .get(&tenant, &cursor.artifact)
-            .await
-            .map_err(store_error)?
-            .ok_or_else(not_found)?;
-        let text = std::str::from_utf8(&bytes).map_err(|_| GatewayError::Internal)?;
-        let lines = Lines::new(text);
-        if !cursor.reads(&lines) {
-            return Err(GatewayError::BadCursor);
-        }
         let read_tool = self
             .routes
             .select_family(ctx.family)
             .map_or("sluice_read", |r| r.config.read_tool.as_str());
-        let page = notice::render(
-            &lines,
-            &cursor.artifact,
-            &tenant,
-            cursor.at,
-            cursor.budget,
-            read_tool,
-        );
+        let page = match self
+            .read_page(&tenant, &cursor, read_tool)
+            .await
+            .map_err(store_error)?
+        {
+            Paged::Page(page) => page,
+            Paged::NotThisText => return Err(GatewayError::BadCursor),
+            Paged::Missing => return Err(not_found()),
+        };
         let mut response = plain(
             StatusCode::OK,
             "text/plain; charset=utf-8",

@@ -7,7 +7,8 @@
 //!   is written once, on `App::projected`.
 //! - `relay.rs`: every other `/v1/...` path streamed to the family's first route unchanged
 //!   (P5), and the relay of upstream responses (P3).
-//! - `rounds.rs`: the read rounds (C2-C5).
+//! - `rounds.rs`: the read rounds (C2-C5); `pages.rs`: the pages of stored texts they and
+//!   `/v1/sluice/read` serve, cut from ranges of a text too large to read whole.
 //! - `commit.rs`: the one commit path of delivery state (A9).
 //! - `endpoints.rs`: `/v1/sluice/*` on the proxy listener; health, readiness, metrics.
 //! - `sessions.rs`: the inspector's session API and its page, `/sluice/ui`.
@@ -51,6 +52,7 @@ mod fair;
 mod front;
 mod handle;
 mod heavy;
+mod pages;
 mod pipeline;
 mod relay;
 mod reshow;

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::commit::{Commit, WholeBody};
+use super::pages::Paged;
 pub(super) use super::reshow::MediaRoom;
 use super::{App, Body, Context, InFlight};
 use crate::dialect::stitch::Stitcher;
@@ -382,20 +383,14 @@ impl App {
             let (text, media, outcome) = match request {
                 read::Request::Invalid(message) => (message, None, "bad_cursor"),
                 read::Request::Page(cursor) => {
-                    match self.artifacts.get(&job.tenant, &cursor.artifact).await {
-                        Ok(Some(bytes)) => match std::str::from_utf8(&bytes)
-                            .ok()
-                            .and_then(|text| read::page(text, &cursor, &job.tenant, &job.tool))
-                        {
-                            Some(page) => (page, None, "page"),
-                            None => (
-                                "[sluice: this cursor does not read a text sluice stored]"
-                                    .to_string(),
-                                None,
-                                "bad_cursor",
-                            ),
-                        },
-                        Ok(None) => (expired(&cursor.artifact), None, "expired"),
+                    match self.read_page(&job.tenant, &cursor, &job.tool).await {
+                        Ok(Paged::Page(page)) => (page.text, None, "page"),
+                        Ok(Paged::NotThisText) => (
+                            "[sluice: this cursor does not read a text sluice stored]".to_string(),
+                            None,
+                            "bad_cursor",
+                        ),
+                        Ok(Paged::Missing) => (expired(&cursor.artifact), None, "expired"),
                         Err(e) => store_unavailable(&e),
                     }
                 }

@@ -96,6 +96,14 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
     written
 }
 
+/// A read keeps the artifact alive (S2: expiry counts idle time); a failure costs only that.
+fn touch(path: &Path) {
+    let _ = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, std::io::Error> + Send + 'static,
 ) -> Result<T, StoreError> {
@@ -115,15 +123,37 @@ impl ArtifactStore for FileStore {
         let path = self.path(tenant, id);
         blocking(move || match std::fs::read(&path) {
             Ok(bytes) => {
-                // A read keeps the artifact alive (S2: expiry counts idle time).
-                let _ = std::fs::File::options()
-                    .append(true)
-                    .open(&path)
-                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                touch(&path);
                 Ok(Some(Bytes::from(bytes)))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
+        })
+        .await
+    }
+
+    async fn get_range(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<(Bytes, u64)>, StoreError> {
+        use std::io::{Read, Seek};
+        let path = self.path(tenant, id);
+        blocking(move || {
+            let mut file = match std::fs::File::open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let size = file.metadata()?.len();
+            let end = range.end.min(size);
+            let start = range.start.min(end);
+            file.seek(std::io::SeekFrom::Start(start))?;
+            let mut bytes = Vec::with_capacity((end - start) as usize);
+            file.take(end - start).read_to_end(&mut bytes)?;
+            touch(&path);
+            Ok(Some((Bytes::from(bytes), size)))
         })
         .await
     }

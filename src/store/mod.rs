@@ -11,6 +11,7 @@ pub mod s3;
 pub mod session;
 
 use std::future::Future;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use bytes::Bytes;
 
 use crate::metrics::Metrics;
 pub use crate::projection::artifact::{ArtifactId, ArtifactKind, ARTIFACT_ID_LEN};
+use crate::projection::exit::index::TextIndex;
 use crate::tenant::Tenant;
 
 /// Bytes of artifacts kept in memory in front of the store: pages of recently spilled results
@@ -52,8 +54,32 @@ pub trait ArtifactStore: Send + Sync + 'static {
         tenant: &Tenant,
         id: &ArtifactId,
     ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
+    /// Bytes `range` of the artifact (cut at its end) and its whole size; `Ok(None)` when this
+    /// tenant has no such artifact. A read of part keeps the artifact alive as a whole one does
+    /// (S2). Backends read only the range; this default reads the whole artifact.
+    fn get_range(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        range: Range<u64>,
+    ) -> impl Future<Output = Result<Option<(Bytes, u64)>, StoreError>> + Send {
+        async move {
+            let found = self.get(tenant, id).await?;
+            Ok(found.map(|bytes| {
+                let size = bytes.len() as u64;
+                (slice(&bytes, range, size), size)
+            }))
+        }
+    }
     /// `Ok(())` while the store can be written (readiness, O2).
     fn check(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// `range` of `bytes` (an artifact of `size` bytes), cut at the end.
+fn slice(bytes: &Bytes, range: Range<u64>, size: u64) -> Bytes {
+    let end = range.end.min(size) as usize;
+    let start = (range.start as usize).min(end);
+    bytes.slice(start..end)
 }
 
 /// The configured backend.
@@ -80,6 +106,19 @@ impl ArtifactStore for Backend {
         }
     }
 
+    async fn get_range(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        range: Range<u64>,
+    ) -> Result<Option<(Bytes, u64)>, StoreError> {
+        match self {
+            Backend::File(s) => s.get_range(tenant, id, range).await,
+            Backend::Redis(s) => s.get_range(tenant, id, range).await,
+            Backend::S3(s) => s.get_range(tenant, id, range).await,
+        }
+    }
+
     async fn check(&self) -> Result<(), StoreError> {
         match self {
             Backend::File(s) => s.check().await,
@@ -103,11 +142,19 @@ impl AsBucket for Backend {
     }
 }
 
+/// Bytes of text indexes kept in memory (`exit::index`): about 15 KB for a 60 MB text.
+const TEXT_INDEX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The largest artifact read whole (and cached): pages of a larger text are cut from ranges.
+pub const WHOLE_UP_TO: usize = ARTIFACT_CACHE_MAX_ENTRY;
+
 /// The artifact store sluice uses: a backend with a bounded cache of recent artifacts in front.
 pub struct Artifacts<S> {
     backend: S,
     /// Keyed by the tenant's key material (no hashing per lookup) and the id.
     cache: moka::sync::Cache<([u8; 32], ArtifactId), Bytes>,
+    /// The indexes of texts too large for `cache`, which their pages are cut from.
+    indexes: moka::sync::Cache<([u8; 32], ArtifactId), Arc<TextIndex>>,
     metrics: Arc<Metrics>,
 }
 
@@ -120,11 +167,53 @@ impl<S: ArtifactStore> Artifacts<S> {
             .time_to_live(ttl / 2)
             .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
             .build();
+        let indexes = moka::sync::Cache::builder()
+            .max_capacity(TEXT_INDEX_BYTES)
+            .time_to_idle(ttl)
+            .weigher(|_, v: &Arc<TextIndex>| u32::try_from(v.weight()).unwrap_or(u32::MAX))
+            .build();
         Self {
             backend,
             cache,
+            indexes,
             metrics,
         }
+    }
+
+    /// The artifact if this process holds it whole, without asking the store.
+    pub fn cached(&self, tenant: &Tenant, id: &ArtifactId) -> Option<Bytes> {
+        self.cache.get(&(*tenant.key(), *id))
+    }
+
+    /// Bytes `range` of the artifact and its size, from the store (or the cache).
+    pub async fn range(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        range: Range<u64>,
+    ) -> Result<Option<(Bytes, u64)>, StoreError> {
+        if let Some(bytes) = self.cached(tenant, id) {
+            let size = bytes.len() as u64;
+            return Ok(Some((slice(&bytes, range, size), size)));
+        }
+        let start = Instant::now();
+        let result = self.backend.get_range(tenant, id, range).await;
+        self.observe("range", start, result.is_ok());
+        result
+    }
+
+    /// Keeps an artifact read whole in the cache (as [`Artifacts::get`] does).
+    pub fn keep(&self, tenant: &Tenant, id: &ArtifactId, bytes: &Bytes) {
+        self.remember((*tenant.key(), *id), bytes);
+    }
+
+    /// The index of a large text this process built before.
+    pub fn index(&self, tenant: &Tenant, id: &ArtifactId) -> Option<Arc<TextIndex>> {
+        self.indexes.get(&(*tenant.key(), *id))
+    }
+
+    pub fn keep_index(&self, tenant: &Tenant, id: &ArtifactId, index: Arc<TextIndex>) {
+        self.indexes.insert((*tenant.key(), *id), index);
     }
 
     pub async fn put(

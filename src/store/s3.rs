@@ -23,7 +23,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
-use object_store::{ClientOptions, GetResult, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{
+    ClientOptions, GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt, RetryConfig,
+};
 
 use super::{ArtifactId, ArtifactStore, StoreError};
 use crate::config::blobs::BlobsConfig;
@@ -215,6 +217,34 @@ impl ArtifactStore for S3Store {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(failed(e)),
         }
+    }
+
+    async fn get_range(
+        &self,
+        tenant: &Tenant,
+        id: &ArtifactId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<(Bytes, u64)>, StoreError> {
+        let path = self.path(tenant, id);
+        let options = GetOptions {
+            // An empty range asks for the first byte: the answer carries the size either way.
+            range: Some(GetRange::Bounded(
+                range.start..range.end.max(range.start + 1),
+            )),
+            ..GetOptions::default()
+        };
+        let got = match bounded(self.store.get_opts(&path, options)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(failed(e)),
+        };
+        let size = got.meta.size;
+        if self.stale(got.meta.last_modified.timestamp()) {
+            self.refresh_in_place(&path).await;
+        }
+        let bytes = bounded(got.bytes()).await.map_err(failed)?;
+        let keep = (range.end.saturating_sub(range.start) as usize).min(bytes.len());
+        Ok(Some((bytes.slice(..keep), size)))
     }
 
     /// The bucket answers for this client: a HEAD of a key that is never written is a 404

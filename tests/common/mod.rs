@@ -452,3 +452,78 @@ pub async fn inspected_session(sluice: &Sluice, mock: &MockUpstream, key: &str, 
         {"type": "tool_result", "tool_use_id": "toolu_4", "content": "ok"}]}));
     send_as(sluice, key, session, &body(&messages)).await;
 }
+
+/// T5, #39: pages of the stored `text` served by `sluice` (as the tenant of `key`) are the
+/// pages the whole text gives: the first few read on from `first_cursor` (as the notice gave
+/// it), then pages at positions spread over the text, whole lines and inside one, through
+/// cursors made for this tenant. A text over 8 MiB is cut from ranges of the store's bytes.
+pub async fn pages_match_the_whole_text(
+    sluice: &Sluice,
+    key: &str,
+    text: &str,
+    first_cursor: &str,
+) {
+    use sluice::projection::exit::cursor::Cursor;
+    use sluice::projection::exit::notice::render;
+    use sluice::projection::exit::text::{Lines, Position};
+    let tenant = sluice::tenant::Tenant::from_credential(key.as_bytes());
+    let first = Cursor::decode(first_cursor, &tenant).expect("a cursor of this tenant");
+    let lines = Lines::new(text);
+    let count = lines.count() as u32;
+    let mut cursors = vec![first];
+    let spread = [count / 3, count / 2, count - 2, count - 1];
+    cursors.extend(spread.iter().enumerate().map(|(i, &line)| Cursor {
+        at: Position {
+            line,
+            unit: (i as u32 % 2) * 3,
+        },
+        ..first
+    }));
+    for (n, start) in cursors.into_iter().enumerate() {
+        let mut cursor = start;
+        for _ in 0..if n == 0 { 3 } else { 1 } {
+            let want = render(
+                &lines,
+                &cursor.artifact,
+                &tenant,
+                cursor.at,
+                cursor.budget,
+                "sluice_read",
+            );
+            let got = client()
+                .get(sluice.url(&format!(
+                    "/v1/sluice/read?cursor={}",
+                    cursor.encode(&tenant)
+                )))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(got.status(), 200, "the page at {:?}", cursor.at);
+            let next = got
+                .headers()
+                .get("x-sluice-next-cursor")
+                .map(|v| v.to_str().unwrap().to_string());
+            let page = got.text().await.unwrap();
+            assert!(
+                page == want.text,
+                "the page at {:?} differs from the whole text's",
+                cursor.at
+            );
+            assert_eq!(next, want.next, "the next cursor at {:?}", cursor.at);
+            match next {
+                Some(next) => cursor = Cursor::decode(&next, &tenant).unwrap(),
+                None => break,
+            }
+        }
+    }
+}
+
+/// The cursor a notice in `shown` gives to read on.
+pub fn cursor_in(shown: &str) -> String {
+    let at = shown
+        .rfind("{\"cursor\":\"")
+        .expect("a notice with a cursor")
+        + 11;
+    shown[at..].split('"').next().unwrap().to_string()
+}

@@ -51,7 +51,12 @@ impl Cursor {
     /// its position lies within (T5). Artifacts are content-addressed, so only a store that
     /// lost or altered bytes makes this false.
     pub fn reads(&self, lines: &super::text::Lines<'_>) -> bool {
-        usize::try_from(self.end_line).is_ok_and(|end| end == lines.count())
+        self.reads_lines(lines.count())
+    }
+
+    /// [`Cursor::reads`] for a text of `count` lines.
+    pub fn reads_lines(&self, count: usize) -> bool {
+        usize::try_from(self.end_line).is_ok_and(|end| end == count)
             && self.at.line <= self.end_line
     }
 

@@ -8,6 +8,7 @@
 //! cached answer the right one). A result that obviously fits costs not even that.
 
 pub mod cursor;
+pub mod index;
 pub mod notice;
 pub mod text;
 

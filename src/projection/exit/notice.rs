@@ -3,7 +3,7 @@
 //! the budget (T1). Nothing in it varies with time or a counter (T7).
 
 use super::cursor::{Cursor, CURSOR_LEN};
-use super::text::{page, utf16_len, Budget, Lines, Position};
+use super::text::{utf16_len, Budget, Paged, Position};
 use crate::projection::artifact::ArtifactId;
 use crate::tenant::Tenant;
 
@@ -14,24 +14,24 @@ pub struct Rendered {
     pub next: Option<String>,
 }
 
-/// Renders the page of `lines` at `from` (artifact `id` of `tenant`) within `budget`, naming
+/// Renders the page of `text` at `from` (artifact `id` of `tenant`) within `budget`, naming
 /// `read_tool` as the way to read on.
 pub fn render(
-    lines: &Lines<'_>,
+    text: &impl Paged,
     id: &ArtifactId,
     tenant: &Tenant,
     from: Position,
     budget: Budget,
     read_tool: &str,
 ) -> Rendered {
-    let total_lines = lines.count();
-    let total_units = lines.total_units();
+    let total_lines = text.count();
+    let total_units = text.total_units();
     // A cursor names its position; one past the text (a forged cursor, or an artifact stored
     // again differently) reads from the end, so the notice stays within the real range.
     let from = match usize::try_from(from.line) {
         Ok(line) if line < total_lines => Position {
             line: from.line,
-            unit: from.unit.min(utf16_len(lines.line(line)) as u32),
+            unit: from.unit.min(text.line_units(line) as u32),
         },
         _ if total_lines == 0 => Position::default(),
         _ => Position {
@@ -60,7 +60,7 @@ pub fn render(
         lines: budget.lines.saturating_sub(1).max(1),
         units: budget.units.saturating_sub(reserve).max(2),
     };
-    let p = page(lines, from, body_budget);
+    let p = text.page(from, body_budget);
     let next = p.more.then(|| {
         Cursor {
             artifact: *id,
@@ -84,13 +84,13 @@ pub fn render(
         total_units: total_units as u32,
     };
     let line = notice(&numbers, id, next.as_deref(), read_tool);
-    let mut text = String::with_capacity(p.body.len() + line.len() + 1);
-    text.push_str(p.body);
+    let mut out = String::with_capacity(p.body.len() + line.len() + 1);
+    out.push_str(p.body);
     if !p.body.ends_with('\n') {
-        text.push('\n');
+        out.push('\n');
     }
-    text.push_str(&line);
-    Rendered { text, next }
+    out.push_str(&line);
+    Rendered { text: out, next }
 }
 
 struct Numbers {
@@ -127,6 +127,7 @@ fn notice(n: &Numbers, id: &ArtifactId, cursor: Option<&str>, read_tool: &str) -
 
 #[cfg(test)]
 mod tests {
+    use super::super::text::Lines;
     use super::*;
     use crate::projection::artifact::ArtifactKind;
     use proptest::prelude::*;

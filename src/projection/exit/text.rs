@@ -162,6 +162,37 @@ pub fn page<'a>(lines: &Lines<'a>, from: Position, budget: Budget) -> Page<'a> {
     }
 }
 
+/// A text pages are cut from: held whole ([`Lines`]) or a window of a larger stored one
+/// (`super::index::Window`), which pages the same.
+pub trait Paged {
+    /// Lines of the whole text.
+    fn count(&self) -> usize;
+    /// UTF-16 units of the whole text.
+    fn total_units(&self) -> usize;
+    /// UTF-16 units of line `i`, which the text has.
+    fn line_units(&self, i: usize) -> usize;
+    /// The page at `from` within `budget`, as [`page`] cuts it.
+    fn page(&self, from: Position, budget: Budget) -> Page<'_>;
+}
+
+impl Paged for Lines<'_> {
+    fn count(&self) -> usize {
+        Lines::count(self)
+    }
+
+    fn total_units(&self) -> usize {
+        Lines::total_units(self)
+    }
+
+    fn line_units(&self, i: usize) -> usize {
+        utf16_len(self.line(i))
+    }
+
+    fn page(&self, from: Position, budget: Budget) -> Page<'_> {
+        page(self, from, budget)
+    }
+}
+
 /// Whether a text of `units` UTF-16 units and `line_count` lines is within `budget` unchanged.
 pub fn fits(units: usize, line_count: usize, budget: Budget) -> bool {
     units <= budget.units && line_count <= budget.lines
