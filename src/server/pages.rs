@@ -76,13 +76,13 @@ impl App {
             self.artifacts.keep(tenant, id, &first);
             return Ok(Some(Text::Whole(first)));
         }
-        let mut builder = Some(IndexBuilder::new());
+        let mut builder = IndexBuilder::new();
         let mut next = Some(first);
         let mut at = 0u64;
         while let Some(bytes) = next.take() {
             at += bytes.len() as u64;
             let _place = self.heavy.take(tenant).await;
-            let mut b = builder.take().unwrap_or_default();
+            let mut b = std::mem::take(&mut builder);
             let scanned = super::heavy::run(move || {
                 b.push(&bytes);
                 b
@@ -95,7 +95,7 @@ impl App {
             } else {
                 (scanned.await, None)
             };
-            builder = Some(scanned.map_err(|_| StoreError::Task)?);
+            builder = scanned.map_err(|_| StoreError::Task)?;
             match following {
                 Some((bytes, now)) if now == size && !bytes.is_empty() => next = Some(bytes),
                 // The artifact went away or changed size between two ranges.
@@ -104,7 +104,7 @@ impl App {
                 None => {}
             }
         }
-        let Some(index) = builder.and_then(IndexBuilder::finish) else {
+        let Some(index) = builder.finish() else {
             return Ok(Some(Text::Invalid));
         };
         let index = Arc::new(index);

@@ -306,18 +306,6 @@ impl ArtifactStore for RedisStore {
     ) -> Result<Option<(Bytes, u64)>, StoreError> {
         let mut conn = self.blobs.clone();
         let key = Self::artifact_key(tenant, id);
-        if range.end <= range.start {
-            let size: Option<u64> = redis::pipe()
-                .expire(&key, self.ttl as i64)
-                .strlen(&key)
-                .query_async::<(bool, u64)>(&mut conn)
-                .await
-                .map_err(err)
-                .map(|(found, size)| found.then_some(size))?;
-            return Ok(size.map(|size| (Bytes::new(), size)));
-        }
-        // GETRANGE's end is inclusive and cut at the value's end; EXPIRE says whether the key
-        // exists (an artifact is never empty, but a missing key reads as one).
         let (found, bytes, size): (bool, Vec<u8>, u64) = redis::pipe()
             .expire(&key, self.ttl as i64)
             .getrange(&key, range.start as isize, (range.end - 1) as isize)

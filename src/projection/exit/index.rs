@@ -36,15 +36,6 @@ pub struct TextIndex {
 }
 
 impl TextIndex {
-    /// The index of a text held whole.
-    pub fn of(text: &str) -> TextIndex {
-        let mut builder = IndexBuilder::new();
-        builder.push(text.as_bytes());
-        builder
-            .finish()
-            .unwrap_or_else(|| unreachable!("a str is UTF-8"))
-    }
-
     /// Lines of the text.
     pub fn lines(&self) -> usize {
         self.lines
@@ -378,7 +369,7 @@ mod tests {
     fn a_60_mb_log_has_a_small_index_and_small_windows() {
         let line = "2026-12-07T08:00:00Z INFO build step finished in 12 ms, all good\n";
         let text = line.repeat(60_000_000 / line.len());
-        let index = TextIndex::of(&text);
+        let index = built(&text, STRIDE, text.len());
         assert!(index.weight() < 20_000, "{}", index.weight());
         let budget = Budget {
             lines: 2000,
