@@ -21,11 +21,13 @@ logs() {
 nodes=()
 for i in 0 1 2 3 4 5; do
   port=$((base + i))
-  mkdir -p "$dir/$port"
   # A node left from an earlier run: stop it, and wait until its port is free.
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
-  rm -f "$dir/$port/nodes.conf" "$dir/$port/log"
+  # Start from an empty folder: a replica keeps the RDB of its last full sync on disk even
+  # without `save`, and a node that loads one is "not empty" to `--cluster create`.
+  rm -rf "${dir:?}/$port"
+  mkdir -p "$dir/$port"
   redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --cluster-enabled yes \
     --cluster-config-file "$dir/$port/nodes.conf" --cluster-node-timeout 2000 \
     --save "" --appendonly no --dir "$dir/$port" --logfile "$dir/$port/log"
