@@ -10,7 +10,8 @@
 //! sluice's `[routes.cache] ttl_seconds`, so a gap takes seconds, not minutes.
 //!
 //! Run: `cargo bench --bench cache_bill` (release; a few minutes). `CACHE_BILL_ONLY=name` runs one
-//! session shape.
+//! session shape. `CACHE_BILL_GUARD_TARGET=0.4` sets the context guard's `target` (default 0.6)
+//! on the sessions that run under it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // benchmark code: fail loudly
 
@@ -289,6 +290,12 @@ fn run(
         route.cache.breakpoints = breakpoints;
         route.cache.ttl_seconds = TTL_SECONDS;
         route.context.window_tokens = shape.window;
+        if let Some(target) = std::env::var("CACHE_BILL_GUARD_TARGET")
+            .ok()
+            .and_then(|t| t.parse().ok())
+        {
+            route.context.target = target;
+        }
     }
     let server = runtime.block_on(Server::bind(config)).unwrap();
     let base = format!("http://{}", server.proxy_addr().unwrap());

@@ -11,7 +11,9 @@
 mod common;
 
 use common::mock::Reply;
-use common::{client, config_for, get_as, guard_routes, metric, MockUpstream, Sluice};
+use common::{
+    client, config_for, get_as, guard_routes, metric, on_every_route, MockUpstream, Sluice,
+};
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-context";
@@ -483,4 +485,61 @@ async fn a_failed_request_retires_nothing_for_good() {
     // Now the session remembers them: the smaller history shows them retired.
     let after = send(&sluice, Dialect::Anthropic, &earlier).await;
     assert_eq!((after.status, retired_of(&after.projection)), (200, 6));
+}
+
+/// A session `id` of `sluice` after `turns` tool calls: its status and the results shown
+/// retired.
+async fn turn_of(sluice: &Sluice, id: &str, turns: usize) -> (u16, usize) {
+    let response = client()
+        .post(sluice.url(Dialect::Anthropic.path()))
+        .bearer_auth(KEY)
+        .header("x-sluice-session", id)
+        .json(&request(Dialect::Anthropic, turns, false))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let projection = response
+        .headers()
+        .get("x-sluice-projection")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, retired_of(&projection))
+}
+
+/// Issue #38 (docs/context-guard.md, "When a batch goes"): under the economic policy a
+/// request between the target and the trigger retires down to the target when the session's
+/// provider cache has gone cold (its last request older than `ttl_seconds`), since the provider
+/// writes the prefix again anyway; the same request on a warm cache, or under `eager`, waits for
+/// the trigger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_cache_takes_the_guards_batch_before_the_trigger() {
+    let mock = MockUpstream::start();
+    let guard = "[routes.context]\nwindow_tokens = 16000\noutput_tokens = 4096\n";
+    let economic = Sluice::start(&on_every_route(
+        &config_for(&mock.base_url(), ""),
+        &format!("cache.ttl_seconds = 1\n{guard}"),
+    ));
+    let eager = Sluice::start(&on_every_route(
+        &config_for(&mock.base_url(), ""),
+        &format!("cache.ttl_seconds = 1\ncache.policy = \"eager\"\n{guard}"),
+    ));
+    // Four turns stamp the session (past half the target); six are between the target and
+    // the trigger (the trigger is passed later, see a_failed_request_retires_nothing_for_good).
+    assert_eq!(turn_of(&economic, "warm", 4).await, (200, 0));
+    assert_eq!(turn_of(&economic, "warm", 6).await, (200, 0), "warm: waits");
+    for (sluice, id) in [(&economic, "cold"), (&eager, "eager")] {
+        assert_eq!(turn_of(sluice, id, 4).await, (200, 0));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let (status, retired) = turn_of(&economic, "cold", 6).await;
+    assert_eq!(status, 200);
+    assert!(retired > 0, "cold: the batch goes now");
+    assert_eq!(
+        turn_of(&eager, "eager", 6).await,
+        (200, 0),
+        "eager: the trigger only"
+    );
+    // Committed like any batch: the next turn, warm again, shows the same results retired.
+    assert_eq!(turn_of(&economic, "cold", 7).await, (200, retired));
 }

@@ -18,7 +18,7 @@ use super::exit::cursor::Cursor;
 use super::exit::text::{Lines, Position};
 use super::exit::{self, Spill};
 use super::memos::Memos;
-use super::policy::{ContextLimits, Policy};
+use super::policy::{ContextLimits, EditPolicy, Policy};
 use super::shapes::{NewContent, Shapes};
 use super::view::Edit;
 use super::{Context, Prepared, Projection, RequestView, Span, ToolResult};
@@ -103,7 +103,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>, prepared: Prepared) ->
     let mut p = super::project_with(view, ctx, prepared.clone(), &retired);
     let mut counted = estimate(view, &p, t.tokenizer, ctx.memo);
     let mut batch = Vec::new();
-    if counted.total > t.trigger {
+    if counted.total > acts_above(&t, ctx) {
         batch = select(
             view,
             &counted,
@@ -121,6 +121,11 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>, prepared: Prepared) ->
         }
     }
     let shown = retired.iter().filter(|r| **r).count();
+    // When the session last forwarded, for whether the provider's cache is cold next time:
+    // stamped once a request is past half the target (the next one may then pass the target),
+    // so sessions far from the window commit nothing for it.
+    p.delta.touch |=
+        ctx.policy.cache.policy == EditPolicy::Economic && counted.total > t.target / 2;
     p.delta.retired = batch.iter().filter_map(|&i| keys.get(i).copied()).collect();
     p.summary.retired = Some(shown);
     p.context = Some(Report {
@@ -131,6 +136,25 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>, prepared: Prepared) ->
         overflow: counted.total > t.room,
     });
     p
+}
+
+/// The estimate above which a batch is retired (docs/context-guard.md, "When a batch goes").
+/// The trigger, unless the economic policy finds the provider's cache cold: the session
+/// forwarded before, longer ago than the TTL, so the provider writes the whole prefix again
+/// anyway and a batch down to the target costs no rewrite of its own. Then anything above the
+/// target goes now, and the next batch the window forces comes that much later. On a warm
+/// cache the guard waits for the trigger: batches every `g` tokens of growth, each rewriting
+/// `R`, cost least when `trigger − target` is about √(2·R·g / read price), which at the default
+/// thresholds of a 200k window is past the trigger for sessions that grow by more than about
+/// 1,200 tokens a turn.
+fn acts_above(t: &Thresholds, ctx: &Context<'_>) -> u64 {
+    let cold = ctx.policy.cache.policy == EditPolicy::Economic
+        && ctx.state.last_ms > 0
+        && !super::edits::warm(ctx.state.last_ms, ctx.now_ms, ctx.policy.cache);
+    match cold {
+        true => t.target,
+        false => t.trigger,
+    }
 }
 
 /// Shows the results `retired` names as their placeholders (memoized; the artifact to store

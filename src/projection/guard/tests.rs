@@ -103,6 +103,17 @@ fn project(
     memo: &Memo,
     dialect: Dialect,
 ) -> Projection {
+    project_at(body, route, state, memo, dialect, 0)
+}
+
+fn project_at(
+    body: &str,
+    route: &RouteConfig,
+    state: &SessionState,
+    memo: &Memo,
+    dialect: Dialect,
+    now_ms: u64,
+) -> Projection {
     let view = dialect.read_view(body.as_bytes()).unwrap();
     let tenant = Tenant::from_credential(b"k");
     let ctx = Context {
@@ -110,7 +121,7 @@ fn project(
         policy: route.policy("sluice_read"),
         memo,
         state,
-        now_ms: 0,
+        now_ms,
     };
     super::project(&view, &ctx, Prepared::new(&view, &tenant, memo))
 }
@@ -328,4 +339,70 @@ fn a_retired_results_images_are_released_and_named() {
         images <= 12 - batch,
         "{images} images left for {batch} retired"
     );
+}
+
+/// Under the economic policy a cold cache moves the batch earlier (issue #38, docs/cache.md):
+/// a request between the target and the trigger retires down to the target when the session
+/// last forwarded longer ago than the TTL, since the provider writes the prefix again anyway;
+/// on a warm cache, under `eager`, or for a session never stamped, it waits for the trigger.
+/// A request past half the target stamps the session, for the next one's decision.
+#[test]
+fn a_cold_cache_retires_down_to_the_target_before_the_trigger() {
+    let dialect = Dialect::AnthropicMessages;
+    let memo = Memo::default();
+    let body = request(dialect, 20).to_string();
+    let free = project(
+        &body,
+        &guarded(body.len() as u64 * 13 / 10 + 1000),
+        &SessionState::default(),
+        &memo,
+        dialect,
+    );
+    // Engaged (the bytes could reach the trigger), the estimate (0.36 of the bytes) below half
+    // the target (0.39 of them).
+    let estimated = free.context.unwrap().estimated;
+    assert!(!free.delta.touch, "below half the target: no stamp");
+    // A window whose room puts the estimate between the target (0.6) and the trigger (0.9).
+    let room = estimated * 4 / 3;
+    let route = guarded(room + 1000);
+    let last = 10_000_000;
+    let stamped = SessionState {
+        last_ms: last,
+        ..SessionState::default()
+    };
+    let warm = project_at(&body, &route, &stamped, &memo, dialect, last + 1_000);
+    assert_eq!(
+        warm.context.unwrap().batch,
+        0,
+        "warm: waits for the trigger"
+    );
+    assert!(
+        warm.delta.touch,
+        "past half the target: the session is stamped"
+    );
+    let cold = project_at(&body, &route, &stamped, &memo, dialect, last + 301_000);
+    let report = cold.context.unwrap();
+    assert!(report.batch > 0, "{report:?}");
+    assert!(
+        report.estimated <= (room as f64 * 0.6) as u64 + 200,
+        "{report:?}"
+    );
+    assert_eq!(cold.delta.retired.len(), report.batch);
+    let never = project_at(
+        &body,
+        &route,
+        &SessionState::default(),
+        &memo,
+        dialect,
+        last + 301_000,
+    );
+    assert_eq!(
+        never.context.unwrap().batch,
+        0,
+        "never stamped: not known cold"
+    );
+    let mut eager = route.clone();
+    eager.cache.policy = crate::projection::policy::EditPolicy::Eager;
+    let eager = project_at(&body, &eager, &stamped, &memo, dialect, last + 301_000);
+    assert_eq!(eager.context.unwrap().batch, 0, "eager: the trigger only");
 }
