@@ -115,10 +115,15 @@ struct Turn {
 }
 
 async fn send(sluice: &Sluice, dialect: Dialect, body: &Value) -> Turn {
+    send_as(sluice, dialect, &format!("context-{dialect:?}"), body).await
+}
+
+/// `body` sent as session `id`.
+async fn send_as(sluice: &Sluice, dialect: Dialect, id: &str, body: &Value) -> Turn {
     let response = client()
         .post(sluice.url(dialect.path()))
         .bearer_auth(KEY)
-        .header("x-sluice-session", format!("context-{dialect:?}"))
+        .header("x-sluice-session", id)
         .json(body)
         .send()
         .await
@@ -490,21 +495,9 @@ async fn a_failed_request_retires_nothing_for_good() {
 /// A session `id` of `sluice` after `turns` tool calls: its status and the results shown
 /// retired.
 async fn turn_of(sluice: &Sluice, id: &str, turns: usize) -> (u16, usize) {
-    let response = client()
-        .post(sluice.url(Dialect::Anthropic.path()))
-        .bearer_auth(KEY)
-        .header("x-sluice-session", id)
-        .json(&request(Dialect::Anthropic, turns, false))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let projection = response
-        .headers()
-        .get("x-sluice-projection")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    (status, retired_of(&projection))
+    let body = request(Dialect::Anthropic, turns, false);
+    let turn = send_as(sluice, Dialect::Anthropic, id, &body).await;
+    (turn.status, retired_of(&turn.projection))
 }
 
 /// Issue #38 (docs/context-guard.md, "When a batch goes"): under the economic policy a

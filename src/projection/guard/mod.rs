@@ -151,9 +151,10 @@ fn acts_above(t: &Thresholds, ctx: &Context<'_>) -> u64 {
     let cold = ctx.policy.cache.policy == EditPolicy::Economic
         && ctx.state.last_ms > 0
         && !super::edits::warm(ctx.state.last_ms, ctx.now_ms, ctx.policy.cache);
-    match cold {
-        true => t.target,
-        false => t.trigger,
+    if cold {
+        t.target
+    } else {
+        t.trigger
     }
 }
 
