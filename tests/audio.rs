@@ -456,6 +456,70 @@ async fn audio_budgets_defer_and_refuse_in_arrival_order_a5_a6() {
     assert_eq!(parts[0].2["data"], b64(&second).as_str());
 }
 
+/// A chat request whose tool results are one MCP audio item each, the WAVs of `millis`.
+fn clips(millis: &[u32]) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "Record the meeting."})];
+    for (i, &ms) in millis.iter().enumerate() {
+        let id = format!("call_{i}");
+        messages.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+            "type": "function", "function": {"name": "record", "arguments": "{}"}}]}),
+        );
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": one_clip(ms).1}));
+    }
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+/// A4 through the edit decision (docs/cache.md): a `recent` file past `recent_count` is not
+/// pruned while the session's provider cache is warm and the prune does not pay
+/// (`deferred_edits` says it waits), and goes once the cache is cold (the session's last
+/// request older than `ttl_seconds`); under `policy = "eager"` it goes at once. The newest
+/// file is sent on every request.
+#[tokio::test]
+async fn recent_audio_is_pruned_when_it_pays_a4() {
+    let mock = MockUpstream::start();
+    let recent = "[routes.audio]\ndefault_lifetime = \"recent\"\nrecent_count = 1\nprune_batch = 1";
+    let economic = Sluice::start(&audio_config(
+        &mock,
+        &format!("{recent}\n[routes.cache]\nttl_seconds = 2"),
+    ));
+    let eager = Sluice::start(&audio_config(
+        &mock,
+        &format!("{recent}\n[routes.cache]\npolicy = \"eager\""),
+    ));
+    let sent = |mock: &MockUpstream| -> Vec<String> {
+        audio_parts(&mock.last().json())
+            .iter()
+            .map(|(_, _, a)| a["data"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let (a, b, c) = (20_000, 20_100, 20_200);
+    for sluice in [&economic, &eager] {
+        let projection = send(sluice, D::Chat, &clips(&[a])).await;
+        assert!(projection.contains("embedded=1;"), "{projection}");
+        committed(sluice, 1.0).await;
+    }
+    // Warm: the viewed first file is past recent_count, and waits.
+    let projection = send(&economic, D::Chat, &clips(&[a, b])).await;
+    assert!(projection.contains("embedded=2;"), "{projection}");
+    assert!(projection.contains("deferred_edits=1"), "{projection}");
+    assert_eq!(sent(&mock), [one_clip(a).0, one_clip(b).0]);
+    // Eager: pruned at once.
+    let projection = send(&eager, D::Chat, &clips(&[a, b])).await;
+    assert!(projection.contains("embedded=1;"), "{projection}");
+    assert!(projection.contains("placeholders=1"), "{projection}");
+    assert!(!projection.contains("deferred_edits"), "{projection}");
+    assert_eq!(sent(&mock), [one_clip(b).0]);
+    // Cold: every pending prune at once, the newest kept.
+    committed(&economic, 2.0).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let projection = send(&economic, D::Chat, &clips(&[a, b, c])).await;
+    assert!(projection.contains("embedded=1;"), "{projection}");
+    assert!(projection.contains("placeholders=2"), "{projection}");
+    assert!(!projection.contains("deferred_edits"), "{projection}");
+    assert_eq!(sent(&mock), [one_clip(c).0]);
+}
+
 /// M5: a `retain` hint on the item keeps the audio in every request while its source is present.
 #[tokio::test]
 async fn a_retain_hint_sends_the_audio_on_every_request_m5() {

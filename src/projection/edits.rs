@@ -1,10 +1,11 @@
 //! Edits that pay (docs/cache.md): a change to history sluice already forwarded rewrites the
-//! provider's cached prefix from where it is made, so before `recent` prunes a viewed image the
-//! change is priced with the provider's cache model ([`super::cache`]). While the session's
-//! cache is warm an edit is made only when it pays back within `horizon_requests`, and then
-//! everything pending goes in one rewrite; on a cold cache, or when a hard limit forces it,
-//! everything pending is made at once. `recent` keeps its promise: at least `recent_count`
-//! newest images on every request; only when the older ones go changes.
+//! provider's cached prefix from where it is made, so before `recent` prunes a viewed image or
+//! audio file the change is priced with the provider's cache model ([`super::cache`]). While
+//! the session's cache is warm an edit is made only when it pays back within
+//! `horizon_requests`, and then everything pending goes in one rewrite; on a cold cache, or
+//! when a hard limit forces it, everything pending is made at once. `recent` keeps its
+//! promise: at least `recent_count` newest images (audio files, on their own count) on every
+//! request; only when the older ones go changes.
 //!
 //! Then, for Anthropic, where the edits of later requests will start: an anchor breakpoint on
 //! the last block of the history no pending edit touches, so a later edit rewrites only from
@@ -58,36 +59,106 @@ pub(super) struct Placed<'i> {
 }
 
 impl Placed<'_> {
-    /// Tokens it costs shown.
-    fn tokens(&self, view: &RequestView<'_>) -> u64 {
-        match &self.item.media {
+    /// The image as the decision prices it: what it costs shown, and its base64, which is also
+    /// what the image budgets count (A5).
+    pub fn priced(&self, view: &RequestView<'_>) -> Priced {
+        let tokens = match &self.item.media {
             Media::Image(c) => view.shapes.tokenizer().image(c.width, c.height),
             _ => PLACEHOLDER_TOKENS,
-        }
-    }
-
-    /// The base64 bytes it takes in the received body.
-    fn base64(&self) -> u64 {
-        match (&self.item.base64, &self.item.media) {
+        };
+        let base64 = match (&self.item.base64, &self.item.media) {
             (Some(b), _) => b.len() as u64,
             (None, Media::Image(c)) => c.bytes.len() as u64 * 4 / 3,
             _ => 0,
+        };
+        Priced {
+            at: self.at,
+            tokens,
+            base64,
+            size: base64,
         }
     }
 }
 
-/// The delivery decisions of a request's images, with `recent` pruning made when it pays
-/// (economic) or as A4 batches it (eager); and how many prunes were put off.
+/// A media item (an image or an audio file) as the decision prices it: where it stands, what
+/// it costs the model shown, the base64 it takes in the received body, and its size as its
+/// budget counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Priced {
+    pub at: usize,
+    pub tokens: u64,
+    pub base64: u64,
+    pub size: u64,
+}
+
+impl Priced {
+    /// The same item as forwarded in this request: its tokens when it is shown, a placeholder
+    /// line's when it is not.
+    pub fn forwarded(self, shown: bool) -> Priced {
+        Priced {
+            tokens: if shown {
+                self.tokens
+            } else {
+                PLACEHOLDER_TOKENS
+            },
+            ..self
+        }
+    }
+}
+
+/// What one kind of media answers to: A4's `recent` counts, and the hard limits that force a
+/// prune when keeping would pass them (the request's count and bytes, and for Anthropic's
+/// images the count past which its size limit drops).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Caps {
+    pub recent_count: usize,
+    pub prune_batch: usize,
+    pub max_count: usize,
+    pub max_bytes: u64,
+    pub many: Option<usize>,
+}
+
+impl Caps {
+    /// The caps of a request's images.
+    pub fn images(view: &RequestView<'_>, ctx: &Context<'_>) -> Caps {
+        let images = ctx.policy.images;
+        Caps {
+            recent_count: images.recent_count,
+            prune_batch: images.prune_batch,
+            max_count: images.max_images,
+            max_bytes: images.max_total_bytes,
+            many: view.shapes.limits_many_images().then_some(MANY_IMAGES),
+        }
+    }
+
+    /// The caps of a request's audio files (`[routes.audio]`, counted on the files' bytes).
+    pub fn audio(ctx: &Context<'_>) -> Caps {
+        let audio = ctx.policy.audio;
+        Caps {
+            recent_count: audio.recent_count,
+            prune_batch: audio.prune_batch,
+            max_count: audio.max_audio,
+            max_bytes: audio.max_total_bytes,
+            many: None,
+        }
+    }
+}
+
+/// The delivery decisions of one kind of media (`candidates`, priced one for one in `priced`),
+/// with `recent` pruning made when it pays (economic) or as A4 batches it (eager); and how
+/// many prunes were put off. `others` are the request's media of the other kind as forwarded,
+/// counted at their tokens, not their base64, in what an edit rewrites.
 pub(super) fn plan(
     view: &RequestView<'_>,
     ctx: &Context<'_>,
     candidates: &[Candidate],
-    placed: &[Placed<'_>],
+    priced: &[Priced],
+    others: &[Priced],
+    caps: Caps,
 ) -> (Vec<Decision>, usize) {
-    let images = ctx.policy.images;
     let eager = Recent {
-        count: images.recent_count,
-        batch: images.prune_batch,
+        count: caps.recent_count,
+        batch: caps.prune_batch,
     };
     if ctx.policy.cache.policy == EditPolicy::Eager {
         return (state::plan(ctx.state, candidates, eager), 0);
@@ -96,7 +167,7 @@ pub(super) fn plan(
         ctx.state,
         candidates,
         Recent {
-            count: images.recent_count,
+            count: caps.recent_count,
             batch: 1,
         },
     );
@@ -120,39 +191,43 @@ pub(super) fn plan(
         .collect();
     let shown_bytes: u64 = shown
         .iter()
-        .filter_map(|&i| placed.get(i))
-        .map(Placed::base64)
+        .filter_map(|&i| priced.get(i))
+        .map(|p| p.size)
         .sum();
-    let forced = shown.len() > images.max_images
-        || shown_bytes > images.max_total_bytes
-        || (shown.len() > MANY_IMAGES && view.shapes.limits_many_images());
+    let forced = shown.len() > caps.max_count
+        || shown_bytes > caps.max_bytes
+        || caps.many.is_some_and(|many| shown.len() > many);
     let warm = warm(ctx.state.last_ms, ctx.now_ms, ctx.policy.cache);
     if forced || !warm {
         return (all, 0);
     }
-    let Some(at) = placed.get(first).map(|p| p.at) else {
+    let Some(at) = priced.get(first).map(|p| p.at) else {
         return (all, 0);
     };
     // Tokens after the edit as the request would be forwarded without it: the received bytes
-    // less every image's base64, then each image at what it costs shown or as a placeholder.
+    // less every item's base64, then each item at what it costs shown or as a placeholder.
+    let kept_now = priced
+        .iter()
+        .zip(&kept)
+        .map(|(p, d)| p.forwarded(*d == Decision::Eligible));
     let mut after_bytes = (view.body.len().saturating_sub(at)) as u64;
-    let mut after_images = 0;
-    for (i, p) in placed.iter().enumerate().filter(|(_, p)| p.at >= at) {
-        after_bytes = after_bytes.saturating_sub(p.base64());
-        after_images += match kept.get(i) {
-            Some(Decision::Eligible) => p.tokens(view),
-            _ => PLACEHOLDER_TOKENS,
-        };
+    let mut after_media = 0;
+    for p in kept_now
+        .chain(others.iter().copied())
+        .filter(|p| p.at >= at)
+    {
+        after_bytes = after_bytes.saturating_sub(p.base64);
+        after_media += p.tokens;
     }
-    let after = after_bytes / BYTES_PER_TOKEN + after_images;
+    let after = after_bytes / BYTES_PER_TOKEN + after_media;
     let removed: Vec<u64> = pruned
         .iter()
-        .filter_map(|&i| placed.get(i))
-        .map(|p| p.tokens(view).saturating_sub(PLACEHOLDER_TOKENS))
+        .filter_map(|&i| priced.get(i))
+        .map(|p| p.tokens.saturating_sub(PLACEHOLDER_TOKENS))
         .collect();
     let rates = rates(view, ctx.policy.cache);
-    // What keeping them has cost so far: the newest pending image became pending with this
-    // request, each older one a request earlier (one image a turn, as screenshot agents send).
+    // What keeping them has cost so far: the newest pending item became pending with this
+    // request, each older one a request earlier (one a turn, as screenshot agents send).
     let kept_so_far: f64 = removed
         .iter()
         .rev()
@@ -161,9 +236,9 @@ pub(super) fn plan(
         .sum();
     let removed: u64 = removed.iter().sum();
     let horizon = ctx.policy.cache.horizon_requests;
-    // Made when it pays back within the horizon, and not before keeping the images has cost
+    // Made when it pays back within the horizon, and not before keeping the items has cost
     // as much as the rewrite: edits then come at the rate that makes the bill smallest (one
-    // rewrite every √(2·rewrite / (read·image)) images), not one per turn.
+    // rewrite every √(2·rewrite / (read·item)) items), not one per turn.
     if cache::edit_pays(&rates, after, removed, horizon, warm)
         && kept_so_far >= cache::rewrite_cost(&rates, after, removed)
     {

@@ -368,7 +368,10 @@ pub(super) fn project_with(
         })
         .collect();
     // Recent pruning, made when it pays (docs/cache.md).
-    let (decisions, deferred) = edits::plan(view, ctx, &candidates, &placed);
+    let priced: Vec<edits::Priced> = placed.iter().map(|p| p.priced(view)).collect();
+    let sounds = sounds::priced(view, ctx, &extracted);
+    let caps = edits::Caps::images(view, ctx);
+    let (decisions, deferred) = edits::plan(view, ctx, &candidates, &priced, &sounds, caps);
     out.summary.deferred_edits = deferred;
     let eligible: Vec<&Item> = items
         .iter()
@@ -417,8 +420,17 @@ pub(super) fn project_with(
         .count();
 
     // Audio: its own gate, budgets and recent pruning; one delivery state (docs/audio.md).
-    let audio = sounds::decide(view, ctx, &extracted, &mut out);
-    let has_images = !candidates.is_empty();
+    let pictures: Vec<edits::Priced> = match extracted.iter().flatten().any(|e| !e.audio.is_empty())
+    {
+        true => priced
+            .iter()
+            .zip(&embedded)
+            .map(|(p, &shown)| p.forwarded(shown))
+            .collect(),
+        false => Vec::new(),
+    };
+    let audio = sounds::decide(view, ctx, &extracted, &pictures, &mut out);
+    let has_media = !candidates.is_empty() || !audio.candidates.is_empty();
     out.delta = if audio.candidates.is_empty() {
         state::settle(ctx.state, &candidates, &decisions, &embedded)
     } else {
@@ -517,8 +529,8 @@ pub(super) fn project_with(
         out.edits
             .extend(view.shapes.after_turns(view.body.as_bytes(), chat_turns));
     }
-    // The session's cache clock moves with each request that carries images.
-    out.delta.touch |= has_images;
+    // The session's cache clock moves with each request that carries images or audio.
+    out.delta.touch |= has_media;
     // Anthropic: breakpoints in the slots the client left free (docs/cache.md).
     let anchors = edits::anchor(view, ctx.policy.cache, settled_end, &out.edits);
     out.edits.extend(anchors);

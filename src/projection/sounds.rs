@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use super::attach::extract::{Extracted, Sound};
-use super::attach::state::{self, Candidate, Decision};
+use super::attach::state::{Candidate, Decision};
+use super::edits::{self, Priced};
 use super::policy::AudioLimits;
 use super::{artifact::ArtifactId, exit, lifetime_of, Context, Projection, RequestView};
 
@@ -59,6 +60,7 @@ pub(super) fn decide(
     view: &RequestView<'_>,
     ctx: &Context<'_>,
     extracted: &[Option<Arc<Extracted>>],
+    pictures: &[Priced],
     out: &mut Projection,
 ) -> Decided {
     if extracted.iter().flatten().all(|e| e.audio.is_empty()) {
@@ -66,11 +68,7 @@ pub(super) fn decide(
         return Decided::default();
     }
     let limits = ctx.policy.audio;
-    let gate = match (ctx.policy.accepts_audio, view.shapes.takes_audio()) {
-        (false, _) => Some("this model does not accept audio"),
-        (true, false) => Some("this API takes no audio input"),
-        (true, true) => None,
-    };
+    let gate = gate(view, ctx);
     let mut d = Decided {
         heard: vec![Vec::new(); extracted.len()],
         ..Decided::default()
@@ -78,6 +76,7 @@ pub(super) fn decide(
     // First each file on its own: refused, gated, or a candidate for the delivery state.
     // Where each candidate stands (result, file), its size and the format it is sent in.
     let mut places: Vec<(usize, usize, u64, &'static str)> = Vec::new();
+    let mut priced: Vec<Priced> = Vec::new();
     for (ri, e) in extracted.iter().enumerate() {
         let Some(e) = e else { continue };
         let result = &view.tool_results[ri];
@@ -107,6 +106,7 @@ pub(super) fn decide(
                             showable: true,
                         });
                         places.push((ri, si, audio.bytes.len() as u64, format));
+                        priced.push(price(result.span.start, sound, audio));
                         Heard::Deferred
                     }
                 },
@@ -114,12 +114,12 @@ pub(super) fn decide(
             d.heard[ri].push(heard);
         }
     }
-    // Then the candidates: what the state allows (A3, A4), then the budgets in arrival order.
-    let recent = state::Recent {
-        count: limits.recent_count,
-        batch: limits.prune_batch,
-    };
-    d.decisions = state::plan(ctx.state, &d.candidates, recent);
+    // Then the candidates: what the state allows (A3, and A4's `recent` pruning made when it
+    // pays, as for images: docs/cache.md), then the budgets in arrival order.
+    let caps = edits::Caps::audio(ctx);
+    let deferred;
+    (d.decisions, deferred) = edits::plan(view, ctx, &d.candidates, &priced, pictures, caps);
+    out.summary.deferred_edits += deferred;
     let (mut count, mut total) = (0usize, 0u64);
     for (&(ri, si, size, format), decision) in places.iter().zip(&d.decisions) {
         let (heard, sent) = match decision {
@@ -153,6 +153,54 @@ pub(super) fn decide(
         }
     }
     d
+}
+
+/// Why the route sends no audio at all (A1), if it does not.
+fn gate(view: &RequestView<'_>, ctx: &Context<'_>) -> Option<&'static str> {
+    match (ctx.policy.accepts_audio, view.shapes.takes_audio()) {
+        (false, _) => Some("this model does not accept audio"),
+        (true, false) => Some("this API takes no audio input"),
+        (true, true) => None,
+    }
+}
+
+/// A file as the edit decision prices it (`edits::plan`): it stands at its tool result, costs
+/// `tokens::Tokenizer::audio` sent, and its budget counts its own bytes.
+fn price(at: usize, sound: &Sound, audio: &crate::audio::CheckedAudio) -> Priced {
+    let size = audio.bytes.len() as u64;
+    Priced {
+        at,
+        tokens: crate::tokens::Tokenizer::audio(audio.millis, size),
+        base64: sound
+            .base64
+            .as_ref()
+            .map_or(size * 4 / 3, |b| b.len() as u64),
+        size,
+    }
+}
+
+/// Every usable audio file of the request as forwarded if nothing prunes it, for the image
+/// decision's count of what an edit rewrites: sent where the route sends audio, a reference
+/// line where not. Empty, and unallocated, when the request has no audio.
+pub(super) fn priced(
+    view: &RequestView<'_>,
+    ctx: &Context<'_>,
+    extracted: &[Option<Arc<Extracted>>],
+) -> Vec<Priced> {
+    if extracted.iter().flatten().all(|e| e.audio.is_empty()) {
+        return Vec::new();
+    }
+    let sent = gate(view, ctx).is_none();
+    let mut out = Vec::new();
+    for (e, result) in extracted.iter().zip(&view.tool_results) {
+        let Some(e) = e else { continue };
+        for sound in &e.audio {
+            if let Ok(audio) = &sound.checked {
+                out.push(price(result.span.start, sound, audio).forwarded(sent));
+            }
+        }
+    }
+    out
 }
 
 /// The format a file is sent in (`input_audio`'s `wav` or `mp3`); or why this route can never
@@ -233,6 +281,7 @@ mod tests {
     use crate::dialect::Dialect;
     use crate::memo::Memo;
     use crate::projection::attach::state::{apply, SessionState};
+    use crate::projection::policy::EditPolicy;
     use crate::tenant::Tenant;
     use base64::Engine;
     use serde_json::json;
@@ -263,6 +312,17 @@ mod tests {
     }
 
     fn run(body: &str, route: &RouteConfig, state: &SessionState, d: Dialect) -> Projection {
+        run_at(body, route, state, d, 0)
+    }
+
+    /// [`run`] with the clock at `now_ms`.
+    fn run_at(
+        body: &str,
+        route: &RouteConfig,
+        state: &SessionState,
+        d: Dialect,
+        now_ms: u64,
+    ) -> Projection {
         let view = d.read_view(body.as_bytes()).unwrap();
         let tenant = Tenant::from_credential(b"k");
         let memo = Memo::default();
@@ -273,7 +333,7 @@ mod tests {
                 policy: route.policy(&route.read_tool),
                 memo: &memo,
                 state,
-                now_ms: 0,
+                now_ms,
             },
         )
     }
@@ -293,6 +353,7 @@ mod tests {
     #[test]
     fn recent_audio_is_pruned_on_its_own_count_a4() {
         let mut route = audio_route();
+        route.cache.policy = EditPolicy::Eager;
         route.audio.default_lifetime = Lifetime::Recent;
         route.audio.recent_count = 1;
         route.audio.prune_batch = 1;
@@ -322,6 +383,45 @@ mod tests {
             "images are pruned on their own count"
         );
         assert_eq!(second.rereadable, 1, "the pruned file can be heard again");
+    }
+
+    /// A4 through the edit decision (docs/cache.md): while the session's cache is warm a
+    /// pending prune waits until it pays (a short clip never does: it costs fewer tokens than
+    /// its placeholder), and `deferred_edits` counts it; a cold cache, or `max_audio` passed if
+    /// it were kept, makes it now. The newest `recent_count` files are sent every time.
+    #[test]
+    fn recent_audio_is_pruned_when_the_cache_is_cold_or_a_limit_forces_it_a4() {
+        let mut route = audio_route();
+        route.audio.default_lifetime = Lifetime::Recent;
+        route.audio.recent_count = 1;
+        route.audio.prune_batch = 1;
+        let (a, b) = (crate::audio::tests::wav(100), crate::audio::tests::wav(200));
+        let chat = Dialect::OpenAiChat;
+        let mut state = SessionState::default();
+        let first = run_at(
+            &request(std::slice::from_ref(&a), ""),
+            &route,
+            &state,
+            chat,
+            10,
+        );
+        assert_eq!(outcomes(&first), ["embedded"]);
+        assert!(
+            first.delta.touch,
+            "a request with audio moves the cache clock"
+        );
+        apply(&mut state, &first.delta, 1_000);
+        let both = request(&[a, b], "");
+        let warm = run_at(&both, &route, &state, chat, 2_000);
+        assert_eq!(outcomes(&warm), ["embedded", "embedded"]);
+        assert_eq!(warm.summary.deferred_edits, 1);
+        let cold = run_at(&both, &route, &state, chat, 1_000 + 301_000);
+        assert_eq!(outcomes(&cold), ["placeholder", "embedded"]);
+        assert_eq!(cold.summary.deferred_edits, 0);
+        route.audio.max_audio = 1;
+        let forced = run_at(&both, &route, &state, chat, 2_000);
+        assert_eq!(outcomes(&forced), ["placeholder", "embedded"]);
+        assert_eq!(forced.summary.deferred_edits, 0);
     }
 
     /// A3, A10: `once` is consumed only by the delta of a completed request; an audio file
