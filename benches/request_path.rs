@@ -16,6 +16,9 @@
 //!
 //! - `inspector`: a small and the 200 KB agent request with the inspector off and on.
 //!
+//! - `decision`: the 200 KB agent request in Anthropic's shape under `[routes.cache]` eager
+//!   with no breakpoints of sluice's, and economic with them (the edit decision's cost).
+//!
 //! Run: `cargo bench --bench request_path`. Figures are ratios to the baselines of the same run.
 
 #![allow(clippy::unwrap_used)] // benchmark code: fail loudly
@@ -158,6 +161,74 @@ fn view(c: &mut Criterion) {
                 })
             },
         );
+    }
+    group.finish();
+}
+
+/// The 200 KB agent request in Anthropic's shape (30 turns of build output, no breakpoints of
+/// its own), for the edit decision's cost.
+fn agent_anthropic(turns: usize, output_bytes: usize) -> Bytes {
+    let mut messages = vec![json!({"role": "user", "content": "Fix the failing build."})];
+    for t in 0..turns {
+        let id = format!("toolu_{t:04}");
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "bash", "input": {"cmd": "cargo build"}}]}));
+        let line = format!("   Compiling crate-{t} v0.1.0 (/work/crate-{t})\n");
+        let output: String = line.repeat(output_bytes / line.len() + 1);
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": output}]}));
+    }
+    Bytes::from(
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 8000,
+            "system": "You are a careful coding agent.", "messages": messages})
+        .to_string(),
+    )
+}
+
+/// What the edit decision costs on the 200 KB agent request (docs/cache.md, issue #38):
+/// projected and spliced into pieces in steady state with pruning as A4 is written and no
+/// breakpoints of sluice's (`eager_off`), and through the decision with sluice's breakpoints
+/// (`economic_auto`: here the top-level marker a conversation without one gets).
+fn decision(c: &mut Criterion) {
+    use sluice::projection::policy::{Breakpoints, EditPolicy};
+    let tenant = Tenant::from_credential(b"bench");
+    let body = agent_anthropic(30, 6_500);
+    let mut eager = RouteConfig::default();
+    eager.cache.policy = EditPolicy::Eager;
+    eager.cache.breakpoints = Breakpoints::Off;
+    let economic = RouteConfig::default();
+    let mut group = c.benchmark_group("decision");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    for (name, route) in [("eager_off", &eager), ("economic_auto", &economic)] {
+        let memo = Memo::default();
+        let state = SessionState {
+            last_ms: 1,
+            ..SessionState::default()
+        };
+        let run = |memo: &Memo| {
+            let view = Dialect::AnthropicMessages
+                .read_view(black_box(&body))
+                .unwrap();
+            let ctx = Context {
+                tenant: &tenant,
+                policy: route.policy(&route.read_tool),
+                memo,
+                state: &state,
+                now_ms: 2,
+            };
+            let projection = project(&view, &ctx);
+            drop(view);
+            // Into pieces, as the body for an `http` upstream is: joining them for `https`
+            // copies the 200 KB once whenever any edit is made, the marker's or another's.
+            let pieces = sluice::projection::splice_shared(&body, projection.edits).unwrap();
+            (pieces, projection.memos)
+        };
+        for (k, v) in run(&memo).1 {
+            memo.insert_page(k, v);
+        }
+        group.bench_function(BenchmarkId::new(name, "agent_200k_30_turns"), |b| {
+            b.iter(|| black_box(run(&memo).0))
+        });
     }
     group.finish();
 }
@@ -465,5 +536,5 @@ fn inspector(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, view, images, round_trip, first_byte, context, inspector);
+criterion_group!(benches, view, images, round_trip, first_byte, context, inspector, decision);
 criterion_main!(benches);

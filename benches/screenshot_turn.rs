@@ -84,12 +84,11 @@ struct Times {
     baseline: Duration,
 }
 
-fn session(turns: usize, seed: u32) -> Vec<Times> {
+fn session(turns: usize, seed: u32, route: &RouteConfig) -> Vec<Times> {
     let shots: Vec<String> = (0..turns as u32)
         .map(|k| screenshot(seed * 1000 + k))
         .collect();
     let tenant = Tenant::from_credential(b"bench");
-    let route = RouteConfig::default();
     let memo = Memo::default();
     let mut state = SessionState::default();
     let resumes = Resumes::default();
@@ -134,12 +133,14 @@ fn session(turns: usize, seed: u32) -> Vec<Times> {
         let viewed = at.elapsed();
         let prepared = Prepared::new(&view, &tenant, &memo);
         let prepared_at = at.elapsed();
+        // The clock just after the last turn: the provider's cache is warm, so the economic
+        // decision prices every pending prune.
         let ctx = Context {
             tenant: &tenant,
             policy: route.policy(&route.read_tool),
             memo: &memo,
             state: &state,
-            now_ms: 0,
+            now_ms: turn as u64,
         };
         let projection = project_prepared(&view, &ctx, prepared);
         let planned = at.elapsed();
@@ -192,7 +193,7 @@ fn main() {
         screenshot(0).len()
     );
     for round in 0..rounds {
-        let times = session(turns, round as u32 + 1);
+        let times = session(turns, round as u32 + 1, &RouteConfig::default());
         let later = &times[1.min(times.len())..];
         let stage = |f: fn(&Times) -> Duration| median(later.iter().map(f).collect());
         let totals = median(
@@ -219,6 +220,7 @@ fn main() {
             ms(stage(|t| t.copied)),
             ms(stage(|t| t.receipt)),
         );
+        decision(turns, round);
         if std::env::var_os("EACH").is_some() {
             for (k, t) in times.iter().enumerate() {
                 println!(
@@ -232,4 +234,41 @@ fn main() {
             }
         }
     }
+}
+
+/// What the edit decision costs (docs/cache.md, issue #38): the same session with its
+/// screenshots `recent` (3 kept, so from turn 5 on every request has pending prunes), planned
+/// as A4 is written with no breakpoints of sluice's (`eager`, `off`) and through the decision
+/// with its breakpoints (`economic`, `auto`), one after the other in each round. Printed: the
+/// plan stage's median over turns 2 to `turns` under each, and the per-request total's.
+fn decision(turns: usize, round: usize) {
+    use sluice::config::Lifetime;
+    use sluice::projection::policy::{Breakpoints, EditPolicy};
+    let mut eager = RouteConfig::default();
+    eager.images.default_lifetime = Lifetime::Recent;
+    eager.cache.policy = EditPolicy::Eager;
+    eager.cache.breakpoints = Breakpoints::Off;
+    let mut economic = RouteConfig::default();
+    economic.images.default_lifetime = Lifetime::Recent;
+    let seed = 100 + round as u32;
+    let (a, b) = (
+        session(turns, seed, &eager),
+        session(turns, seed, &economic),
+    );
+    let median_of = |times: &[Times], f: fn(&Times) -> Duration| {
+        median(times[1.min(times.len())..].iter().map(f).collect())
+    };
+    let total = |t: &Times| t.view + t.prepare + t.plan + t.splice;
+    let (plan_a, plan_b) = (median_of(&a, |t| t.plan), median_of(&b, |t| t.plan));
+    let (total_a, total_b) = (median_of(&a, total), median_of(&b, total));
+    println!(
+        "decision round {round}: recent screenshots, median of turns 2-{turns}: plan eager/off {:.3} ms, \
+         economic/auto {:.3} ms ({:.2}x); request total {:.2} ms and {:.2} ms ({:.3}x)",
+        ms(plan_a),
+        ms(plan_b),
+        plan_b.as_secs_f64() / plan_a.as_secs_f64(),
+        ms(total_a),
+        ms(total_b),
+        total_b.as_secs_f64() / total_a.as_secs_f64(),
+    );
 }

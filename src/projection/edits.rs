@@ -15,12 +15,13 @@
 //! Pure: the session's last forwarded request and the clock come in through the context, so
 //! every replica decides the same, and a failed request changes nothing (A9).
 
+use super::attach::extract::Extracted;
 use super::attach::state::{self, Candidate, Decision, Recent};
 use super::attach::{Item, Media};
 use super::cache::{self, Provider, Rates, Ttl};
 use super::policy::{Breakpoints, CacheLimits, EditPolicy};
 use super::view::{Edit, Span};
-use super::{Context, RequestView};
+use super::{Context, Prepared, RequestView};
 
 /// Tokens a placeholder line costs the model (`[image #k: image/png 1280×800, …]`).
 const PLACEHOLDER_TOKENS: u64 = 40;
@@ -266,6 +267,7 @@ pub(super) fn anchor(
     limits: &CacheLimits,
     settled_end: Option<usize>,
     made: &[Edit],
+    media: &Prepared,
 ) -> Vec<Edit> {
     if limits.breakpoints == Breakpoints::Off || view.shapes.cache_provider() != Provider::Anthropic
     {
@@ -276,11 +278,12 @@ pub(super) fn anchor(
     if settled_end.is_none() && !under_way {
         return Vec::new();
     }
-    // The body is scanned for markers only as far as the decision needs: the first one says
-    // the client sets its own; all of them are counted only when an anchor may go in.
+    // The client's markers are looked for only as far as the decision needs: the first one
+    // says the client sets its own; all of them are counted only when an anchor may go in.
     let marker = view.shapes.breakpoint_field();
-    let marked = memchr::memmem::find(body, marker).is_some();
-    if marked && memchr::memmem::find(body, b"\"1h\"").is_some() {
+    let client = Marks::of(view.body, &view.tool_results, media, marker);
+    let marked = client.marked(marker);
+    if marked && client.asks_long() {
         return Vec::new();
     }
     let mut edits = Vec::new();
@@ -294,7 +297,7 @@ pub(super) fn anchor(
         return edits;
     };
     let marks = match marked {
-        true => memchr::memmem::find_iter(body, marker).count(),
+        true => client.count(marker),
         false => edits.len(),
     };
     if marks >= cache::MAX_BREAKPOINTS {
@@ -319,6 +322,104 @@ pub(super) fn anchor(
         });
     }
     edits
+}
+
+/// A marker's 1-hour TTL, as the client writes it.
+const LONG_TTL: &[u8] = b"\"1h\"";
+
+/// Where the client's breakpoints can be in the request as it is forwarded: the body outside
+/// the tool results whose content is one string and those sluice writes again with their media
+/// (their base64, megabytes each in a screenshot session, holds none; scanning it cost 0.8 ms a
+/// request at 15 MB), and what the rewritten results keep of the client's parts: their last
+/// part's breakpoint, the parts kept as they were, an image part's other fields. Text anywhere
+/// else that spells a marker counts too, and so do the fields of an image a request no longer
+/// shows: on the safe side.
+struct Marks<'b> {
+    pieces: Vec<&'b [u8]>,
+    /// The rewritten results' last-part breakpoints (their values, without the field's name).
+    kept: Vec<&'b [u8]>,
+}
+
+impl<'b> Marks<'b> {
+    fn of(
+        body: &'b str,
+        results: &[super::ToolResult<'_>],
+        media: &'b Prepared,
+        marker: &[u8],
+    ) -> Marks<'b> {
+        let body = body.as_bytes();
+        let mut marks = Marks {
+            pieces: Vec::new(),
+            kept: Vec::new(),
+        };
+        // A result whose content is one JSON string holds no marker (a quote inside it is
+        // escaped), whatever its length; one rewritten with its media holds what it keeps.
+        let mut skipped: Vec<(Span, Option<&Extracted>)> = results
+            .iter()
+            .zip(
+                media
+                    .extracted
+                    .iter()
+                    .map(Option::as_deref)
+                    .chain(std::iter::repeat(None)),
+            )
+            .filter(|(r, e)| e.is_some() || r.content.get().starts_with('"'))
+            .map(|(r, e)| (r.span, e))
+            .collect();
+        skipped.sort_by_key(|(span, _)| span.start);
+        let mut at = 0;
+        for (span, e) in skipped {
+            marks.pieces.extend(body.get(at..span.start));
+            at = at.max(span.end);
+            let Some(e) = e else { continue };
+            marks.pieces.extend(e.others.iter().map(String::as_bytes));
+            for extras in e.items.iter().filter_map(|i| i.extras.as_deref()) {
+                marks.pieces.push(extras.outer.as_bytes());
+                marks.pieces.push(extras.inner.as_bytes());
+            }
+            // Written back on the last part unless that part carries a marker already: with
+            // no other parts kept, the last image's part, which keeps its own fields.
+            let last_marked = e.others.is_empty()
+                && e.items
+                    .last()
+                    .and_then(|i| i.extras.as_deref())
+                    .is_some_and(|x| memchr::memmem::find(x.outer.as_bytes(), marker).is_some());
+            if !last_marked {
+                marks
+                    .kept
+                    .extend(e.breakpoint.as_deref().map(str::as_bytes));
+            }
+        }
+        marks.pieces.extend(body.get(at..));
+        marks
+    }
+
+    /// Whether the client marks any breakpoint.
+    fn marked(&self, marker: &[u8]) -> bool {
+        !self.kept.is_empty()
+            || self
+                .pieces
+                .iter()
+                .any(|p| memchr::memmem::find(p, marker).is_some())
+    }
+
+    /// Whether the client asks for 1-hour entries anywhere.
+    fn asks_long(&self) -> bool {
+        self.pieces
+            .iter()
+            .chain(&self.kept)
+            .any(|p| memchr::memmem::find(p, LONG_TTL).is_some())
+    }
+
+    /// How many markers the forwarded request carries of the client's.
+    fn count(&self, marker: &[u8]) -> usize {
+        let counted: usize = self
+            .pieces
+            .iter()
+            .map(|p| memchr::memmem::find_iter(p, marker).count())
+            .sum();
+        counted + self.kept.len()
+    }
 }
 
 /// Where offset `at` of the received body stands in the forwarded one: moved by every edit

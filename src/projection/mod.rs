@@ -286,7 +286,13 @@ pub(super) fn project_with(
     out.delta.touch |= !images.candidates.is_empty() || !audio.candidates.is_empty();
     rewrite::write_back(view, ctx, &media, (&images, &audio), retired, &mut out);
     // Anthropic: breakpoints in the slots the client left free (docs/cache.md).
-    let anchors = edits::anchor(view, ctx.policy.cache, images.settled_end, &out.edits);
+    let anchors = edits::anchor(
+        view,
+        ctx.policy.cache,
+        images.settled_end,
+        &out.edits,
+        &media,
+    );
     out.edits.extend(anchors);
     out
 }

@@ -197,6 +197,77 @@ fn an_anchor_is_placed_only_above_the_minimum_of_what_is_forwarded() {
     assert_eq!(markers(1024), 0);
 }
 
+/// docs/cache.md, anchors: the client's breakpoints are counted in the request as forwarded,
+/// without reading the base64 of the tool results sluice writes again, yet one on an image part
+/// inside such a result counts (its other fields are kept): with three more, no anchor is added
+/// past the four; with two, one is. A 1-hour one there stops the anchor, as anywhere.
+#[test]
+fn client_markers_inside_rewritten_results_count_toward_the_four() {
+    use base64::Engine;
+    use serde_json::json;
+    let png = crate::image::tests::encode(
+        &crate::image::tests::picture(4, 4),
+        ::image::ImageFormat::Png,
+    );
+    let data = base64::engine::general_purpose::STANDARD.encode(&png);
+    let log: String = (0..1500)
+        .map(|i| format!("line {i}: ok, nothing to see\n"))
+        .collect();
+    let tenant = Tenant::from_credential(b"k");
+    let memo = Memo::default();
+    let forwarded = |system_marks: usize, ttl: &str| {
+        let mut cc = json!({"type": "ephemeral"});
+        if !ttl.is_empty() {
+            cc["ttl"] = json!(ttl);
+        }
+        let system: Vec<serde_json::Value> = (0..3)
+            .map(|i| match i < system_marks {
+                true => json!({"type": "text", "text": format!("rule {i}"), "cache_control": cc}),
+                false => json!({"type": "text", "text": format!("rule {i}")}),
+            })
+            .collect();
+        let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 10, "system": system,
+            "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "build", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": log}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data},
+                 "cache_control": cc}]}]}]})
+        .to_string();
+        let body = Bytes::from(body);
+        let route = RouteConfig::default();
+        let view = Dialect::AnthropicMessages.read_view(&body).unwrap();
+        let ctx = Context {
+            tenant: &tenant,
+            policy: route.policy(&route.read_tool),
+            memo: &memo,
+            state: &SessionState::default(),
+            now_ms: 0,
+        };
+        let out = splice(&body, project(&view, &ctx).edits).unwrap();
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        let marks = memchr::memmem::find_iter(text.as_bytes(), b"\"cache_control\"").count();
+        let sent: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let anchored = sent
+            .pointer("/messages/2/content/0/cache_control")
+            .is_some();
+        (marks, anchored)
+    };
+    assert_eq!(
+        forwarded(2, ""),
+        (4, true),
+        "two in system, one on the image: an anchor"
+    );
+    assert_eq!(forwarded(3, ""), (4, false), "four already: none added");
+    assert_eq!(
+        forwarded(2, "1h"),
+        (3, false),
+        "1-hour entries asked for: none added"
+    );
+}
+
 /// A short WAV's base64.
 fn wav_b64() -> String {
     use base64::Engine;
