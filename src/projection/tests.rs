@@ -149,21 +149,30 @@ fn only_requests_without_images_are_prepared_cheaply() {
     );
 }
 
+/// A 4×4 PNG's base64.
+fn tiny_png_b64() -> String {
+    use base64::Engine;
+    let png = crate::image::tests::encode(
+        &crate::image::tests::picture(4, 4),
+        ::image::ImageFormat::Png,
+    );
+    base64::engine::general_purpose::STANDARD.encode(&png)
+}
+
+/// A build log of about 45 KB (~11k tokens).
+fn long_log() -> String {
+    (0..1500)
+        .map(|i| format!("line {i}: ok, nothing to see\n"))
+        .collect()
+}
+
 /// docs/cache.md, anchors: a breakpoint goes on a tool result only when what it would cache
 /// reaches the model's minimum in the *forwarded* request; a long log spilled before it no
 /// longer counts.
 #[test]
 fn an_anchor_is_placed_only_above_the_minimum_of_what_is_forwarded() {
-    use base64::Engine;
     use serde_json::json;
-    let png = crate::image::tests::encode(
-        &crate::image::tests::picture(4, 4),
-        ::image::ImageFormat::Png,
-    );
-    let data = base64::engine::general_purpose::STANDARD.encode(&png);
-    let log: String = (0..1500)
-        .map(|i| format!("line {i}: ok, nothing to see\n"))
-        .collect();
+    let (data, log) = (tiny_png_b64(), long_log());
     // claude-opus-4-5 writes no entry below 4,096 tokens; the log is ~45 KB (~11k tokens).
     let body = json!({"model": "claude-opus-4-5", "max_tokens": 10, "messages": [
         {"role": "user", "content": "go"},
@@ -203,16 +212,8 @@ fn an_anchor_is_placed_only_above_the_minimum_of_what_is_forwarded() {
 /// past the four; with two, one is. A 1-hour one there stops the anchor, as anywhere.
 #[test]
 fn client_markers_inside_rewritten_results_count_toward_the_four() {
-    use base64::Engine;
     use serde_json::json;
-    let png = crate::image::tests::encode(
-        &crate::image::tests::picture(4, 4),
-        ::image::ImageFormat::Png,
-    );
-    let data = base64::engine::general_purpose::STANDARD.encode(&png);
-    let log: String = (0..1500)
-        .map(|i| format!("line {i}: ok, nothing to see\n"))
-        .collect();
+    let (data, log) = (tiny_png_b64(), long_log());
     let tenant = Tenant::from_credential(b"k");
     let memo = Memo::default();
     let forwarded = |system_marks: usize, ttl: &str| {
