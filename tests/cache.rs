@@ -244,6 +244,59 @@ async fn a_conversation_without_breakpoints_gets_one_and_reads_the_cache() {
     assert_eq!(mock.last().body, serde_json::to_vec(&chat).unwrap());
 }
 
+/// The breakpoint sluice sets for a loop that marks none asks for 5 minutes while the loop is
+/// brisk; once the session comes back after a pause 5-minute entries did not outlast, for an
+/// hour (docs/cache.md, "How long sluice's breakpoints ask"): the next pause then reads the
+/// conversation instead of writing it again. On a clock where 5 minutes are 1 s (an hour 12 s).
+#[tokio::test]
+async fn a_session_that_pauses_gets_hour_long_breakpoints_and_reads_across_the_next_pause() {
+    let mock = MockUpstream::start();
+    mock.cache_ttl(Some(1));
+    let config = on_every_route(&config_for(&mock.base_url(), ""), "cache.ttl_seconds = 1");
+    let sluice = Sluice::start(&config);
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(1400));
+    let mut messages = vec![json!({"role": "user", "content": "Make the tests pass."})];
+    for t in 1..=5 {
+        if t == 3 || t == 5 {
+            pause().await;
+        }
+        let id = format!("toolu_{t}");
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "bash", "input": {"command": "make"}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": log(t, 9_000)}]}));
+        let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100,
+            "system": "You fix builds.", "messages": messages});
+        let (status, _) = send(&sluice.url(""), "paused", &body).await;
+        assert_eq!(status, 200);
+    }
+    let ttls: Vec<Option<String>> = mock
+        .requests()
+        .iter()
+        .map(|r| r.json()["cache_control"]["ttl"].as_str().map(str::to_owned))
+        .collect();
+    let hour = Some("1h".to_string());
+    assert_eq!(
+        ttls,
+        [None, None, hour.clone(), hour.clone(), hour],
+        "one top-level marker"
+    );
+    let billed = mock.billed();
+    assert!(billed[1].cached > 0, "brisk: read {billed:?}");
+    assert_eq!(
+        billed[2].cached, 0,
+        "the first pause outlasts 5-minute entries"
+    );
+    assert!(
+        billed[2].created_1h > 0 && billed[2].created == 0,
+        "{billed:?}"
+    );
+    assert!(
+        billed[4].cached > billed[2].total,
+        "the second pause reads what the turns before it wrote: {billed:?}"
+    );
+}
+
 /// A client that already uses all four breakpoints gets none of sluice's (a fifth is the
 /// provider's 400).
 #[tokio::test]

@@ -176,6 +176,54 @@ async fn a_cold_cache_is_seen_by_every_replica() {
     assert!(!projection.contains("deferred_edits"), "{projection}");
 }
 
+/// A pause seen by one process (the records hash's `@paused`) turns the breakpoints the other
+/// sets for the session to 1-hour ones (docs/cache.md, "How long sluice's breakpoints ask").
+#[tokio::test]
+#[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
+async fn a_pause_seen_by_one_replica_lengthens_the_others_breakpoints() {
+    let mock = MockUpstream::start();
+    mock.cache_ttl(Some(1));
+    let config = economic(&mock, &redis(), "cache.ttl_seconds = 1");
+    let (a, b) = (Sluice::start(&config), Sluice::start(&config));
+    let key = format!("sk-{}", uuid::Uuid::new_v4());
+    let session = uuid::Uuid::new_v4().to_string();
+    let mut messages = vec![serde_json::json!({"role": "user", "content": "Fix the build."})];
+    for (t, sluice) in [&a, &a, &b].into_iter().enumerate() {
+        if t == 1 {
+            tokio::time::sleep(Duration::from_millis(1400)).await;
+        }
+        let id = format!("toolu_{t}");
+        messages.push(serde_json::json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "bash", "input": {"command": "make"}}]}));
+        messages.push(serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id,
+                "content": (0..200).map(|i| format!("test t{t}_{i} ... ok ({} ms)\n", i * 7 % 13))
+                    .collect::<String>()}]}));
+        let resp = client()
+            .post(sluice.url("/v1/messages"))
+            .header("x-api-key", &key)
+            .header("x-sluice-session", &session)
+            .json(
+                &serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 100,
+                "messages": messages}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let _ = resp.bytes().await;
+        // The commit lands behind the response; the other process reads it from Redis.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ttls: Vec<Option<String>> = mock
+        .requests()
+        .iter()
+        .map(|r| r.json()["cache_control"]["ttl"].as_str().map(str::to_owned))
+        .collect();
+    let hour = Some("1h".to_string());
+    assert_eq!(ttls, [None, hour.clone(), hour]);
+}
+
 #[tokio::test]
 #[ignore = "needs Redis on 127.0.0.1:6379: cargo test --test shared -- --ignored"]
 async fn an_artifact_spilled_through_one_process_is_readable_through_the_other() {

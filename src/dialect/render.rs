@@ -121,17 +121,23 @@ impl Shapes for Classic {
         }
     }
 
-    fn block_breakpoint(&self) -> &'static str {
-        match self {
-            Classic::AnthropicMessages => r#","cache_control":{"type":"ephemeral"}"#,
-            Classic::OpenAiChat | Classic::OpenAiResponses => "",
+    fn block_breakpoint(&self, long: bool) -> &'static str {
+        match (self, long) {
+            (Classic::AnthropicMessages, false) => r#","cache_control":{"type":"ephemeral"}"#,
+            (Classic::AnthropicMessages, true) => {
+                r#","cache_control":{"type":"ephemeral","ttl":"1h"}"#
+            }
+            (Classic::OpenAiChat | Classic::OpenAiResponses, _) => "",
         }
     }
 
-    fn top_breakpoint(&self) -> &'static str {
-        match self {
-            Classic::AnthropicMessages => r#""cache_control":{"type":"ephemeral"},"#,
-            Classic::OpenAiChat | Classic::OpenAiResponses => "",
+    fn top_breakpoint(&self, long: bool) -> &'static str {
+        match (self, long) {
+            (Classic::AnthropicMessages, false) => r#""cache_control":{"type":"ephemeral"},"#,
+            (Classic::AnthropicMessages, true) => {
+                r#""cache_control":{"type":"ephemeral","ttl":"1h"},"#
+            }
+            (Classic::OpenAiChat | Classic::OpenAiResponses, _) => "",
         }
     }
 

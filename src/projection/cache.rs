@@ -49,6 +49,9 @@ pub enum Ttl {
     Long,
 }
 
+/// A 1-hour entry lives twelve times as long as a 5-minute one, on a shortened clock too.
+pub const LONG_PER_SHORT: u64 = 12;
+
 impl Ttl {
     pub fn seconds(self) -> u64 {
         match self {
@@ -68,8 +71,9 @@ pub struct Rates {
     /// A token written under a 1-hour breakpoint.
     pub write_long: f64,
     pub min_tokens: u64,
-    /// When set, every entry lives this long whatever its breakpoint asks (a test's or a
-    /// bench's short clock; `[routes.cache] ttl_seconds`).
+    /// When set, a 5-minute entry lives this long, and a 1-hour entry [`LONG_PER_SHORT`]
+    /// times as long: the providers' two TTLs on a shorter clock (a test's or a bench's;
+    /// `[routes.cache] ttl_seconds`).
     pub ttl_seconds: Option<u64>,
 }
 
@@ -117,11 +121,21 @@ impl Rates {
         }
     }
 
-    fn ttl_ms(&self, ttl: Ttl) -> u64 {
-        self.ttl_seconds
-            .unwrap_or(ttl.seconds())
-            .saturating_mul(1000)
+    /// How long an entry of `ttl` lives, in ms.
+    pub fn ttl_ms(&self, ttl: Ttl) -> u64 {
+        lifetime_ms(self.ttl_seconds, ttl)
     }
+}
+
+/// How long an entry of `ttl` lives, in ms, on the providers' clock or (`short` set) on one
+/// where a 5-minute entry lives `short` seconds.
+pub fn lifetime_ms(short: Option<u64>, ttl: Ttl) -> u64 {
+    match (short, ttl) {
+        (None, ttl) => ttl.seconds(),
+        (Some(short), Ttl::Short) => short,
+        (Some(short), Ttl::Long) => short.saturating_mul(LONG_PER_SHORT),
+    }
+    .saturating_mul(1000)
 }
 
 /// The smallest prefix a Gemini model caches implicitly (Google's caching page): 2,048 tokens

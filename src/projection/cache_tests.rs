@@ -327,3 +327,51 @@ proptest! {
         }
     }
 }
+
+/// How long sluice's own breakpoints ask (docs/cache.md): 5 minutes until the session comes
+/// back after a pause the short TTL did not outlast and the long one would have; an hour from
+/// then on, and the cache counts as warm for that hour. A pause longer than the hour is no
+/// reason to pay the 1-hour premium; neither is a brisk session.
+#[test]
+fn a_pause_within_the_hour_turns_sluices_breakpoints_to_an_hour() {
+    use crate::projection::attach::state::SessionState;
+    use crate::projection::edits::{warm, Keep};
+    use crate::projection::policy::CacheLimits;
+    let limits = CacheLimits::default();
+    let at = |last_ms, paused| SessionState {
+        last_ms,
+        paused,
+        ..SessionState::default()
+    };
+    let minute = 60_000;
+    let now = 100 * minute;
+    let keep = |s: &SessionState| Keep::of(s, now, &limits);
+    let no = Keep {
+        long: false,
+        paused: false,
+    };
+    assert_eq!(keep(&at(0, false)), no, "never forwarded");
+    assert_eq!(keep(&at(now - 2 * minute, false)), no, "brisk");
+    assert_eq!(keep(&at(now - 61 * minute, false)), no, "past the hour");
+    let first = Keep {
+        long: true,
+        paused: true,
+    };
+    assert_eq!(keep(&at(now - 6 * minute, false)), first);
+    let since = Keep {
+        long: true,
+        paused: false,
+    };
+    assert_eq!(keep(&at(now - minute, true)), since);
+    assert!(warm(&at(now - 30 * minute, true), now, &limits));
+    assert!(!warm(&at(now - 30 * minute, false), now, &limits));
+    assert!(!warm(&at(now - 61 * minute, true), now, &limits));
+    // On a shortened clock the hour shrinks with it.
+    let short = CacheLimits {
+        ttl_seconds: 2,
+        ..CacheLimits::default()
+    };
+    assert_eq!(Keep::of(&at(now - 3_000, false), now, &short), first);
+    assert_eq!(Keep::of(&at(now - 25_000, false), now, &short), no);
+    assert_eq!(lifetime_ms(Some(2), Ttl::Long), 24_000);
+}

@@ -16,7 +16,7 @@
 //! every replica decides the same, and a failed request changes nothing (A9).
 
 use super::attach::extract::Extracted;
-use super::attach::state::{self, Candidate, Decision, Recent};
+use super::attach::state::{self, Candidate, Decision, Recent, SessionState};
 use super::attach::{Item, Media};
 use super::cache::{self, Provider, Rates, Ttl};
 use super::policy::{Breakpoints, CacheLimits, EditPolicy};
@@ -33,13 +33,43 @@ const MANY_IMAGES: usize = 20;
 
 /// Whether the provider's cache still holds what the session last sent: its last forwarded
 /// request is younger than the TTL (`ttl_seconds`, else the 5 minutes a breakpoint asks by
-/// default). A session never forwarded is cold.
-pub fn warm(last_ms: u64, now_ms: u64, limits: &CacheLimits) -> bool {
-    let ttl = match limits.ttl_seconds {
-        0 => Ttl::Short.seconds(),
-        s => s,
-    };
-    last_ms > 0 && now_ms.saturating_sub(last_ms) < ttl.saturating_mul(1000)
+/// default; an hour once sluice's own breakpoints ask for it, [`Keep`]). A session never
+/// forwarded is cold.
+pub fn warm(state: &SessionState, now_ms: u64, limits: &CacheLimits) -> bool {
+    let ttl = if state.paused { Ttl::Long } else { Ttl::Short };
+    state.last_ms > 0 && now_ms.saturating_sub(state.last_ms) < ttl_ms(limits, ttl)
+}
+
+fn ttl_ms(limits: &CacheLimits, ttl: Ttl) -> u64 {
+    cache::lifetime_ms((limits.ttl_seconds > 0).then_some(limits.ttl_seconds), ttl)
+}
+
+/// How long the breakpoints sluice sets in a conversation that marks none ask the provider to
+/// keep their entries. Five minutes, until the session comes back after a pause that 5-minute
+/// entries did not outlast and a 1-hour one would have (its last request older than the short
+/// TTL, younger than the long one): then an hour, for the rest of the session. A 1-hour entry
+/// costs 2× to write instead of 1.25×, 0.75× more on each turn's new tokens; each later pause
+/// it outlasts reads the whole conversation at 0.1× instead of writing it again at 1.25×. A
+/// person who paused once will pause again; a brisk loop never pays the premium.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keep {
+    /// The breakpoints ask for 1-hour entries.
+    pub long: bool,
+    /// This request is the one after the first such pause ([`state::Delta::paused`]).
+    pub paused: bool,
+}
+
+impl Keep {
+    pub fn of(state: &SessionState, now_ms: u64, limits: &CacheLimits) -> Keep {
+        let idle = now_ms.saturating_sub(state.last_ms);
+        let paused = state.last_ms > 0
+            && idle >= ttl_ms(limits, Ttl::Short)
+            && idle < ttl_ms(limits, Ttl::Long);
+        Keep {
+            long: state.paused || paused,
+            paused: paused && !state.paused,
+        }
+    }
 }
 
 /// The cache model's prices for this request's provider and model.
@@ -198,7 +228,7 @@ pub(super) fn plan(
     let forced = shown.len() > caps.max_count
         || shown_bytes > caps.max_bytes
         || caps.many.is_some_and(|many| shown.len() > many);
-    let warm = warm(ctx.state.last_ms, ctx.now_ms, ctx.policy.cache);
+    let warm = warm(ctx.state, ctx.now_ms, ctx.policy.cache);
     if forced || !warm {
         return (all, 0);
     }
@@ -257,26 +287,40 @@ pub struct Slot {
     pub marked: bool,
 }
 
+/// The breakpoints [`anchor`] adds, and what they mean for the session's state.
+#[derive(Debug, Default)]
+pub(super) struct Anchors {
+    pub edits: Vec<Edit>,
+    /// The conversation marks no breakpoint and sluice set the one at its newest block: the
+    /// session's cache clock moves with this request ([`state::Delta::touch`]).
+    pub own: bool,
+    /// ... and this request came after the session's first pause ([`Keep::paused`]).
+    pub paused: bool,
+}
+
 /// Anthropic's breakpoints sluice adds (`breakpoints = "auto"`): an anchor on the last tool
 /// result before `settled_end` (the first byte a pending or present edit touches), in a slot the
 /// client left free; and, for a conversation with no breakpoint at all, a top-level marker (the
-/// newest block). Never more than four in all, never on a block the client marked, none when
-/// the client asks for 1-hour entries (a 5-minute anchor must not come before them).
+/// newest block), both then asking for the TTL [`Keep`] chooses. Never more than four in all,
+/// never on a block the client marked, none when the client asks for 1-hour entries (a
+/// 5-minute anchor must not come before them).
 pub(super) fn anchor(
     view: &RequestView<'_>,
-    limits: &CacheLimits,
+    ctx: &Context<'_>,
     settled_end: Option<usize>,
     made: &[Edit],
     media: &Prepared,
-) -> Vec<Edit> {
+) -> Anchors {
+    let limits = ctx.policy.cache;
+    let mut out = Anchors::default();
     if limits.breakpoints == Breakpoints::Off || view.shapes.cache_provider() != Provider::Anthropic
     {
-        return Vec::new();
+        return out;
     }
     let body = view.body.as_bytes();
     let under_way = view.tool_results.len() + view.user_images.len() > 0;
     if settled_end.is_none() && !under_way {
-        return Vec::new();
+        return out;
     }
     // The client's markers are looked for only as far as the decision needs: the first one
     // says the client sets its own; all of them are counted only when an anchor may go in.
@@ -284,24 +328,35 @@ pub(super) fn anchor(
     let client = Marks::of(view.body, &view.tool_results, media, marker);
     let marked = client.marked(marker);
     if marked && client.asks_long() {
-        return Vec::new();
+        return out;
     }
-    let mut edits = Vec::new();
     let rates = rates(view, limits);
+    // sluice's own breakpoints choose their TTL; next to the client's they are 5-minute ones.
+    let keep = match marked {
+        true => Keep {
+            long: false,
+            paused: false,
+        },
+        false => Keep::of(ctx.state, ctx.now_ms, limits),
+    };
     // A conversation under way (it carries tool results), long enough to cache.
     // Sizes are the forwarded request's: a spilled log before a slot no longer counts.
     if !marked && under_way && forwarded(body.len(), made) / BYTES_PER_TOKEN >= rates.min_tokens {
-        edits.extend(top_marker(view));
+        if let Some(top) = top_marker(view, keep.long) {
+            out.edits.push(top);
+            out.own = true;
+            out.paused = keep.paused;
+        }
     }
     let Some(end) = settled_end else {
-        return edits;
+        return out;
     };
     let marks = match marked {
         true => client.count(marker),
-        false => edits.len(),
+        false => out.edits.len(),
     };
     if marks >= cache::MAX_BREAKPOINTS {
-        return edits;
+        return out;
     }
     let slot = view
         .tool_results
@@ -313,15 +368,31 @@ pub(super) fn anchor(
     if let Some(slot) =
         slot.filter(|s| !s.marked && forwarded(s.close, made) / BYTES_PER_TOKEN >= rates.min_tokens)
     {
-        edits.push(Edit {
+        out.edits.push(Edit {
             span: Span {
                 start: slot.close,
                 end: slot.close,
             },
-            with: view.shapes.block_breakpoint().into(),
+            with: view.shapes.block_breakpoint(keep.long).into(),
         });
     }
-    edits
+    out
+}
+
+/// Whether sluice may set the breakpoint of a conversation that marks none (Anthropic,
+/// `breakpoints = "auto"`, tool results, no marker of the client's, long enough to cache):
+/// such a request needs the session's cache clock ([`Keep`]) even when nothing else of it
+/// does. On the safe side: the request as received.
+pub fn may_mark_own(view: &RequestView<'_>, limits: &CacheLimits, media: &Prepared) -> bool {
+    if limits.breakpoints == Breakpoints::Off
+        || view.shapes.cache_provider() != Provider::Anthropic
+        || view.tool_results.is_empty()
+        || (view.body.len() as u64) / BYTES_PER_TOKEN < rates(view, limits).min_tokens
+    {
+        return false;
+    }
+    let marker = view.shapes.breakpoint_field();
+    !Marks::of(view.body, &view.tool_results, media, marker).marked(marker)
 }
 
 /// A marker's 1-hour TTL, as the client writes it.
@@ -439,13 +510,13 @@ fn forwarded(at: usize, made: &[Edit]) -> u64 {
 }
 
 /// The top-level marker, right after the body's opening brace.
-fn top_marker(view: &RequestView<'_>) -> Option<Edit> {
+fn top_marker(view: &RequestView<'_>, long: bool) -> Option<Edit> {
     let open = view.body.find('{')?;
     view.body.get(..open)?.trim().is_empty().then(|| Edit {
         span: Span {
             start: open + 1,
             end: open + 1,
         },
-        with: view.shapes.top_breakpoint().into(),
+        with: view.shapes.top_breakpoint(long).into(),
     })
 }

@@ -286,14 +286,10 @@ pub(super) fn project_with(
     out.delta.touch |= !images.candidates.is_empty() || !audio.candidates.is_empty();
     rewrite::write_back(view, ctx, &media, (&images, &audio), retired, &mut out);
     // Anthropic: breakpoints in the slots the client left free (docs/cache.md).
-    let anchors = edits::anchor(
-        view,
-        ctx.policy.cache,
-        images.settled_end,
-        &out.edits,
-        &media,
-    );
-    out.edits.extend(anchors);
+    let anchors = edits::anchor(view, ctx, images.settled_end, &out.edits, &media);
+    out.delta.touch |= anchors.own;
+    out.delta.paused |= anchors.paused;
+    out.edits.extend(anchors.edits);
     out
 }
 

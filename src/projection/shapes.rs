@@ -180,10 +180,10 @@ pub trait Shapes: std::fmt::Debug + Sync {
     /// (Anthropic; empty where the dialect has none).
     fn breakpoint_field(&self) -> &'static [u8];
 
-    /// A 5-minute cache breakpoint, as a field to insert before a block's closing brace
-    /// (Anthropic; empty where the dialect has none).
-    fn block_breakpoint(&self) -> &'static str;
+    /// A cache breakpoint, 5-minute or (`long`) 1-hour, as a field to insert before a block's
+    /// closing brace (Anthropic; empty where the dialect has none).
+    fn block_breakpoint(&self, long: bool) -> &'static str;
 
     /// The same as the first field of the request object (it marks the last block).
-    fn top_breakpoint(&self) -> &'static str;
+    fn top_breakpoint(&self, long: bool) -> &'static str;
 }

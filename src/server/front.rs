@@ -171,9 +171,13 @@ impl Shared {
         let guarded = thresholds.is_some_and(|t| t.engaged(&view, 0));
         let mut hidden = None;
         let mut limits = route.config.context.clone();
+        // A conversation that marks no breakpoint gets sluice's, timed by the session's clock.
+        let clocked = light
+            .as_ref()
+            .is_some_and(|p| projection::edits::may_mark_own(&view, &route.config.cache, p));
         let mut projection = match light {
-            // No image and no guard: no session is needed.
-            Some(prepared) if !guarded => {
+            // No image, no guard and no breakpoint of sluice's: no session is needed.
+            Some(prepared) if !guarded && !clocked => {
                 plan(&view, &tenant, policy, &self.memo, &state, prepared)
             }
             light => {
@@ -190,7 +194,8 @@ impl Shared {
                     context: &limits,
                     ..policy
                 };
-                if pooled {
+                // Without images or tokens to count, planning is as light as without a session.
+                if pooled || (light.is_some() && !guarded) {
                     let prepared = light
                         .unwrap_or_else(|| projection::Prepared::new(&view, &tenant, &self.memo));
                     plan(&view, &tenant, policy, &self.memo, &state, prepared)

@@ -36,8 +36,9 @@ use crate::store::session::{SessionKey, SessionStore};
 use crate::tenant::Tenant;
 
 /// Merges a delta. KEYS: the records hash, the released set, the links set, the retired set.
-/// ARGV: TTL, stamp, the three caps, whether the delta touches the session's clock (`1`: the
-/// records hash's [`LAST_FIELD`] rises to the stamp), the number of records, then per record its identity, value
+/// ARGV: TTL, stamp, the three caps, the delta's clock flags (bit 1: it touches the session's
+/// clock, the records hash's [`LAST_FIELD`] rising to the stamp; bit 2: the session paused,
+/// [`PAUSED_FIELD`] set), the number of records, then per record its identity, value
 /// and released key (hex), then the number of links and the links, then the retired keys (hex). Returns how many of
 /// those were not retired yet. A value's first character is its status rank, which only rises;
 /// rank 3 (released) leaves the hash for the released set, and a released identity is never
@@ -45,11 +46,15 @@ use crate::tenant::Tenant;
 const MERGE: &str = r"
 local ttl, stamp = ARGV[1], ARGV[2]
 local max_released, max_links, max_retired = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if ARGV[6] == '1' then
+local flags = tonumber(ARGV[6])
+if flags % 2 == 1 then
   local last = tonumber(redis.call('HGET', KEYS[1], '@last') or '0')
   if tonumber(stamp) > last then
     redis.call('HSET', KEYS[1], '@last', stamp)
   end
+end
+if flags >= 2 then
+  redis.call('HSET', KEYS[1], '@paused', '1')
 end
 local n = tonumber(ARGV[7])
 local i = 8
@@ -93,6 +98,8 @@ return retired
 /// The records hash's field that holds [`SessionState::last_ms`] (no identity starts with `@`:
 /// an identity starts with its source, a tool call id or `user:`).
 const LAST_FIELD: &str = "@last";
+/// The records hash's field that holds [`SessionState::paused`] (`1` when set).
+const PAUSED_FIELD: &str = "@paused";
 
 /// A connection to one Redis node (reconnecting on its own) or to a Redis Cluster (routing
 /// each command by its key's slot).
@@ -356,11 +363,13 @@ impl SessionStore for RedisStore {
             .find(|(k, _)| k == LAST_FIELD)
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or(0);
+        let paused = fields.iter().any(|(k, _)| k == PAUSED_FIELD);
         let mut state = SessionState {
             last_ms,
+            paused,
             records: fields
                 .into_iter()
-                .filter(|(k, _)| k != LAST_FIELD)
+                .filter(|(k, _)| k != LAST_FIELD && k != PAUSED_FIELD)
                 .filter_map(|(k, v)| decode(&v).map(|r| (k, r)))
                 .collect(),
             released: released
@@ -391,7 +400,7 @@ impl SessionStore for RedisStore {
             .arg(MAX_RELEASED)
             .arg(MAX_LINKS)
             .arg(MAX_RETIRED)
-            .arg(if delta.touch { "1" } else { "0" })
+            .arg(u8::from(delta.touch) + 2 * u8::from(delta.paused))
             .arg(delta.records.len());
         for (k, record) in &delta.records {
             invocation

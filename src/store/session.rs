@@ -319,6 +319,7 @@ mod tests {
             links: Default::default(),
             retired: [xxhash_rust::xxh3::xxh3_64(k.as_bytes())].into(),
             touch: true,
+            paused: k == "x",
         };
         {
             let store = EmbeddedSessions::open(dir.path(), Duration::from_secs(60)).unwrap();
@@ -346,6 +347,10 @@ mod tests {
         assert!(
             state.last_ms > 0,
             "the session's cache clock survives reopening"
+        );
+        assert!(
+            state.paused,
+            "a pause, once seen, stays (set by the first two commits only)"
         );
         assert_eq!(state.retired.len(), 2, "retired results survive reopening");
         drop(store);

@@ -35,7 +35,8 @@ pub struct PromptCache {
     entries: HashMap<u64, (u64, bool)>,
     started: Instant,
     offset: Duration,
-    /// Every entry lives this long instead of 5 min / 1 h, when set.
+    /// A 5-minute entry lives this long when set, and a 1-hour entry twelve times as long (the
+    /// providers' two TTLs on a shorter clock, as `[routes.cache] ttl_seconds` reads them).
     pub ttl_seconds: Option<u64>,
 }
 
@@ -61,7 +62,13 @@ impl PromptCache {
     }
 
     fn ttl_ms(&self, long: bool) -> u64 {
-        1000 * self.ttl_seconds.unwrap_or(if long { 3600 } else { 300 })
+        let seconds = match (self.ttl_seconds, long) {
+            (None, false) => 300,
+            (None, true) => 3600,
+            (Some(short), false) => short,
+            (Some(short), true) => short * 12,
+        };
+        1000 * seconds
     }
 
     fn live(&self, hash: u64, now: u64) -> Option<bool> {

@@ -281,11 +281,11 @@ impl Shapes for Gemini {
         b""
     }
 
-    fn block_breakpoint(&self) -> &'static str {
+    fn block_breakpoint(&self, _long: bool) -> &'static str {
         ""
     }
 
-    fn top_breakpoint(&self) -> &'static str {
+    fn top_breakpoint(&self, _long: bool) -> &'static str {
         ""
     }
 }

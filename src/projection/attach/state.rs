@@ -66,6 +66,11 @@ pub struct SessionState {
     /// whether the provider's cache is still warm (`projection::edits`).
     #[serde(default)]
     pub last_ms: u64,
+    /// The session came back after idling past the 5-minute TTL (within the hour) while
+    /// sluice set its breakpoints: those ask for 1-hour entries from then on
+    /// (`projection::edits::Keep`).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// The key a released attachment is remembered by.
@@ -209,11 +214,19 @@ pub struct Delta {
     /// The request's completion is when the session last forwarded ([`SessionState::last_ms`]).
     #[serde(default)]
     pub touch: bool,
+    /// The request came after a pause its session's breakpoints (sluice's) did not outlast
+    /// ([`SessionState::paused`]).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.links.is_empty() && self.retired.is_empty() && !self.touch
+        self.records.is_empty()
+            && self.links.is_empty()
+            && self.retired.is_empty()
+            && !self.touch
+            && !self.paused
     }
 }
 
@@ -273,6 +286,7 @@ pub fn apply(state: &mut SessionState, delta: &Delta, stamp: u64) -> u64 {
     if delta.touch {
         state.last_ms = state.last_ms.max(stamp);
     }
+    state.paused |= delta.paused;
     for (key, record) in &delta.records {
         let released = released_key(key);
         if record.status == Status::Released {

@@ -150,7 +150,7 @@ pub fn project(view: &RequestView<'_>, ctx: &Context<'_>, prepared: Prepared) ->
 fn acts_above(t: &Thresholds, ctx: &Context<'_>) -> u64 {
     let cold = ctx.policy.cache.policy == EditPolicy::Economic
         && ctx.state.last_ms > 0
-        && !super::edits::warm(ctx.state.last_ms, ctx.now_ms, ctx.policy.cache);
+        && !super::edits::warm(ctx.state, ctx.now_ms, ctx.policy.cache);
     if cold {
         t.target
     } else {
